@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Int
@@ -25,8 +25,17 @@ from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
 
-# TransformerLens 4's bridge (compatibility mode keeps HookedTransformer's hook names).
-from transformer_lens.model_bridge import TransformerBridge
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+
+def __getattr__(name: str) -> Any:
+    """Import TransformerLens lazily (it takes seconds): ``mechsink.bridge.TransformerBridge``."""
+    if name == "TransformerBridge":
+        from transformer_lens.model_bridge import TransformerBridge
+
+        return TransformerBridge
+    raise AttributeError(f"module 'mechsink.bridge' has no attribute {name!r}")
 
 __all__ = [
     "TransformerBridge",
@@ -50,6 +59,8 @@ def wrap_hf(
     The model is switched to eager attention (so ``hook_pattern`` fires) and to eval mode.
     ``fold_weights=False`` keeps the raw weights (the default for sink work; see module doc).
     """
+    from transformer_lens.model_bridge import TransformerBridge
+
     hf_model.eval()
     config = getattr(hf_model, "config", None)
     if config is not None and not getattr(config, "architectures", None):
@@ -195,3 +206,32 @@ def architecture_summary(model: Any) -> dict[str, Any]:
         "dtype": str(cfg.dtype).replace("torch.", ""),
         "bos_token_id": bos_token_id(model),
     }
+
+
+def plain_hf_copy(model: Any) -> nn.Module:
+    """A fresh, unwrapped transformers model holding the bridge's current weights.
+
+    The bridge rewires the wrapped model in place (its state dict then holds bridge aliases),
+    so saving goes through this copy: every wrapped key, with ``._original_component`` removed,
+    is matched to the plain model's own key names.
+    """
+    from transformers import AutoModelForCausalLM
+
+    wrapped = hf_model_of(model)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(wrapped.config, attn_implementation="eager")
+    wanted = set(plain.state_dict())
+    weights: dict[str, Tensor] = {}
+    for key, value in wrapped.state_dict().items():
+        clean = key.replace("._original_component", "")
+        if clean in wanted and clean not in weights:
+            weights[clean] = value.detach().clone()
+    missing = wanted - set(weights)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if missing - tied:
+        lost = sorted(missing - tied)[:5]
+        raise RuntimeError(f"could not recover weights {lost} from the bridge")
+    plain.load_state_dict(weights, strict=False, assign=True)
+    if tied:
+        plain.tie_weights()
+    return plain.eval()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -47,9 +45,9 @@ def info(
     prompt: str = typer.Option("The capital of France is", help="prompt to continue greedily"),
     tokens: int = typer.Option(16, min=0, help="number of tokens to generate"),
     prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0"),
-    device: Optional[str] = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
-    dtype: Optional[str] = typer.Option(None, help="float32 (default), float16 or bfloat16"),
-    seed: Optional[int] = typer.Option(None, help="seed for random:... models"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
+    seed: int | None = typer.Option(None, help="seed for random:... models"),
 ) -> None:
     """Load a model, print its architecture summary and a greedy continuation of a prompt."""
     from mechsink.bridge import architecture_summary, to_tokens

@@ -1,4 +1,4 @@
-"""Model names -> loaded TransformerBridges: real GGUF models, HF ids/folders, random init, organisms.
+"""Model names -> loaded TransformerBridges: real GGUF models, HF ids, random init, organisms.
 
 ``load_model(name)`` understands:
 
@@ -22,15 +22,18 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from mechsink import assets
 from mechsink.assets import Asset
-from mechsink.bridge import TransformerBridge, wrap_hf
+from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
 
 ORGANISM_FORMAT = "mechsink-organism/1"
 _MARKER = "mechsink.json"
@@ -117,8 +120,8 @@ NAMED_MODELS: dict[str, ZooEntry] = {
     ),
 }
 PATTERN_HELP = [
-    ("random:gpt2-<size>", f"GPT-2 family, standard init from a seed; sizes {', '.join(GPT2_SIZES)}"),
-    ("random:llama-<size>", f"Llama family, standard init from a seed; sizes {', '.join(LLAMA_SIZES)}"),
+    ("random:gpt2-<size>", f"GPT-2 family, standard init; sizes {', '.join(GPT2_SIZES)}"),
+    ("random:llama-<size>", f"Llama family, standard init; sizes {', '.join(LLAMA_SIZES)}"),
     ("hf:<id or folder>", "any causal LM transformers can load (needs hub access for an id)"),
     ("organism:<folder>", "a checkpoint saved by mechsink (safetensors + config + tokenizer)"),
 ]
@@ -151,9 +154,10 @@ def load_model(
     target = torch.device(device) if device is not None else _default_device()
     if seed is not None and not name.startswith("random:"):
         raise BadInputError(f"seed={seed} only applies to random:... models, not {name!r}.")
-    hf_model, tokenizer = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype)
-    hf_model.to(device=target, dtype=torch_dtype)
-    return wrap_hf(hf_model, tokenizer, name=name, fold_weights=fold_weights)
+    with torch.random.fork_rng(devices=[]):  # loading never moves the caller's RNG
+        hf_model, tokenizer = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype)
+        hf_model.to(device=target, dtype=torch_dtype)
+        return wrap_hf(hf_model, tokenizer, name=name, fold_weights=fold_weights)
 
 
 def _load_hf(name: str, *, seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:
@@ -247,7 +251,8 @@ def gpt2_tokenizer_dir() -> Path:
     tok = GPT2Tokenizer(vocab=vocab, merges=merges)
     with _atomic_dir(folder) as tmp:
         tok.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"kind": "tokenizer", "source": GPT2_VOCAB.requirement}))
+        marker = {"kind": "tokenizer", "source": GPT2_VOCAB.requirement}
+        (tmp / _MARKER).write_text(json.dumps(marker))
     return folder
 
 
@@ -347,9 +352,7 @@ def save_organism(
 
     ``model`` is a TransformerBridge or a plain transformers model; the folder must not exist.
     """
-    from mechsink.bridge import hf_model_of
-
-    hf = hf_model_of(model) if isinstance(model, TransformerBridge) else model
+    hf = plain_hf_copy(model) if hasattr(model, "original_model") else model
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is None:
         raise BadInputError("save_organism needs a tokenizer: pass tokenizer=...")
@@ -429,7 +432,7 @@ def list_models() -> list[dict[str, Any]]:
         for size in sizes:
             config = random_config(f"{family}-{size}")
             rows.append(dict(name=f"random:{family}-{size}",
-                             description=f"random init ({family}, {size}), seed selects the weights",
+                             description=f"random init ({family}, {size}); seed picks weights",
                              architecture=_arch_name(config), n_params=_count_params(config),
                              cached=True))
     return rows

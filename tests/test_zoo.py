@@ -1,0 +1,207 @@
+"""The model zoo: parity with plain transformers, hook shapes, seeds, organisms, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mechsink import load_model, save_organism
+from mechsink.bridge import hf_model_of, n_kv_heads, to_tokens
+from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
+from mechsink.zoo import _converted_dir, random_hf_model
+
+TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
+
+
+def _plain_residuals(hf_model, tokens) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Logits and every decoder layer's input and output, read by torch hooks on the plain model."""
+    layers = hf_model.transformer.h if hasattr(hf_model, "transformer") else hf_model.model.layers
+    seen: list[torch.Tensor] = []
+
+    def grab_in(module, args, kwargs):
+        seen.append(("in", (args[0] if args else kwargs["hidden_states"]).detach().clone()))
+
+    def grab_out(module, args, output):
+        seen.append(("out", (output[0] if isinstance(output, tuple) else output).detach().clone()))
+
+    handles = [h for layer in layers for h in (
+        layer.register_forward_pre_hook(grab_in, with_kwargs=True),
+        layer.register_forward_hook(grab_out),
+    )]
+    try:
+        with torch.no_grad():
+            logits = hf_model(tokens).logits
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, seen
+
+
+def _assert_parity(bridge, plain, tokens):
+    logits, seen = _plain_residuals(plain, tokens)
+    with torch.no_grad():
+        b_logits, cache = bridge.run_with_cache(tokens)
+    n_layers = bridge.cfg.n_layers
+    ours = []
+    for layer in range(n_layers):
+        ours.append(("in", cache[f"blocks.{layer}.hook_resid_pre"]))
+        ours.append(("out", cache[f"blocks.{layer}.hook_resid_post"]))
+    assert [k for k, _ in seen] == [k for k, _ in ours]
+    for (_, theirs), (_, mine) in zip(seen, ours, strict=False):
+        torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(b_logits, logits, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["gpt2-tiny", "llama-tiny"])
+def test_random_models_match_plain_transformers(spec):
+    bridge = load_model(f"random:{spec}", device="cpu", seed=3)
+    plain, _ = random_hf_model(spec, seed=3)
+    tokens = to_tokens(bridge, TEXT, prepend_bos=True)
+    _assert_parity(bridge, plain, tokens)
+
+
+@pytest.mark.slow
+def test_smollm2_matches_plain_transformers(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    plain = AutoModelForCausalLM.from_pretrained(
+        str(_converted_dir("smollm2-135m")), dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    tokens = to_tokens(smollm2, TEXT, prepend_bos=True)
+    _assert_parity(smollm2, plain, tokens)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_continuation_is_sensible(smollm2):
+    from mechsink.generate import greedy_continue
+
+    tokens = to_tokens(smollm2, "The capital of France is", prepend_bos=True)
+    out = greedy_continue(smollm2, tokens, 3)
+    assert "Paris" in smollm2.tokenizer.decode(out[0, tokens.shape[1]:])
+
+
+HOOK_SHAPES = {
+    "hook_resid_pre": ("T", "d_model"),
+    "hook_resid_mid": ("T", "d_model"),
+    "hook_resid_post": ("T", "d_model"),
+    "hook_attn_out": ("T", "d_model"),
+    "hook_mlp_out": ("T", "d_model"),
+    "attn.hook_q": ("T", "n_heads", "d_head"),
+    "attn.hook_k": ("T", "n_kv", "d_head"),
+    "attn.hook_v": ("T", "n_kv", "d_head"),
+    "attn.hook_z": ("T", "n_heads", "d_head"),
+    "attn.hook_pattern": ("n_heads", "T", "T"),
+    "mlp.hook_post": ("T", "d_mlp"),
+}
+
+
+@pytest.mark.parametrize("fixture", ["gpt2_tiny", "llama_tiny"])
+def test_standard_hooks_fire_with_documented_shapes(fixture, request):
+    model = request.getfixturevalue(fixture)
+    tokens = to_tokens(model, [TEXT, TEXT], prepend_bos=True)
+    cfg = model.cfg
+    dims = dict(T=tokens.shape[1], d_model=cfg.d_model, n_heads=cfg.n_heads,
+                n_kv=n_kv_heads(model), d_head=cfg.d_head, d_mlp=cfg.d_mlp)
+    fired: dict[str, tuple] = {}
+
+    def recorder(name):  # alias hooks report their canonical name, so key by the one we asked
+        def record(tensor, hook):
+            fired[name] = tuple(tensor.shape)
+
+        return record
+
+    names = [f"blocks.{layer}.{name}" for layer in range(cfg.n_layers) for name in HOOK_SHAPES]
+    hooks = [(name, recorder(name)) for name in names]
+    model.run_with_hooks(tokens, fwd_hooks=hooks)
+    for layer in range(cfg.n_layers):
+        for name, shape in HOOK_SHAPES.items():
+            assert fired[f"blocks.{layer}.{name}"] == (2, *(dims[d] for d in shape)), name
+    if fixture == "llama_tiny":
+        assert n_kv_heads(model) == 2 < cfg.n_heads  # GQA: k/v per KV head
+
+
+def test_same_seed_same_model_and_different_seed_different():
+    a = load_model("random:llama-tiny", device="cpu", seed=7)
+    b = load_model("random:llama-tiny", device="cpu", seed=7)
+    c = load_model("random:llama-tiny", device="cpu", seed=8)
+    tokens = to_tokens(a, TEXT, prepend_bos=True)
+    with torch.no_grad():
+        la, lb, lc = a(tokens), b(tokens), c(tokens)
+    assert torch.equal(la, lb)
+    assert not torch.allclose(la, lc)
+
+
+def test_loading_a_random_model_leaves_the_global_rng_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model("random:gpt2-tiny", device="cpu", seed=5)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_gpt2_family_keeps_query_bias_and_learned_positions(gpt2_tiny):
+    hf = hf_model_of(gpt2_tiny)
+    assert gpt2_tiny.cfg.positional_embedding_type == "standard"
+    assert hf.transformer.h[0].attn.c_attn.bias is not None  # b_Q, b_K, b_V
+    assert hf.transformer.wpe.weight.requires_grad
+
+
+def test_folded_weights_keep_logits(gpt2_tiny):
+    folded = load_model("random:gpt2-tiny", device="cpu", seed=0, fold_weights=True)
+    tokens = to_tokens(gpt2_tiny, TEXT, prepend_bos=True)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            folded(tokens).log_softmax(-1), gpt2_tiny(tokens).log_softmax(-1), atol=1e-4, rtol=0
+        )
+
+
+@pytest.mark.parametrize("fixture", ["gpt2_tiny", "llama_tiny"])
+def test_organism_round_trip_gives_identical_logits(tmp_path, fixture, request):
+    model = request.getfixturevalue(fixture)
+    folder = save_organism(model, tmp_path / "org", metadata={"recipe": "test", "seed": 0})
+    assert json.loads((folder / "mechsink.json").read_text())["recipe"] == "test"
+    again = load_model(f"organism:{folder}", device="cpu")
+    tokens = to_tokens(model, TEXT, prepend_bos=True)
+    with torch.no_grad():
+        assert torch.equal(again(tokens), model(tokens))
+
+
+def test_save_organism_refuses_to_overwrite(tmp_path, gpt2_tiny):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(BadInputError, match="already exists"):
+        save_organism(gpt2_tiny, tmp_path / "taken")
+
+
+def test_unknown_model_lists_known_names():
+    with pytest.raises(UnknownModelError) as info:
+        load_model("gpt-17")
+    message = str(info.value)
+    assert "smollm2-135m" in message and "random:gpt2-tiny" in message
+
+
+@pytest.mark.parametrize("name", ["random:gpt2-huge", "random:gpt2", "random:bert-tiny"])
+def test_malformed_random_names_are_clear_errors(name):
+    with pytest.raises(UnknownModelError, match="random:"):
+        load_model(name)
+
+
+def test_missing_organism_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(MechsinkError, match="does not exist"):
+        load_model(f"organism:{tmp_path / 'nowhere'}")
+
+
+def test_folder_without_marker_is_not_an_organism(tmp_path):
+    with pytest.raises(MechsinkError, match="not a mechsink organism"):
+        load_model(f"organism:{tmp_path}")
+
+
+def test_seed_for_a_pretrained_model_is_an_error():
+    with pytest.raises(BadInputError, match="seed"):
+        load_model("smollm2-135m", seed=1)
+
+
+def test_bad_dtype_is_an_error():
+    with pytest.raises(BadInputError, match="dtype"):
+        load_model("random:gpt2-tiny", dtype="int8")
