@@ -62,15 +62,25 @@ def test_random_models_match_plain_transformers(spec):
     _assert_parity(bridge, plain, tokens)
 
 
-@pytest.mark.slow
-def test_smollm2_matches_plain_transformers(smollm2):
+def _plain_converted(name: str):
     from transformers import AutoModelForCausalLM
 
-    plain = AutoModelForCausalLM.from_pretrained(
-        str(_converted_dir("smollm2-135m")), dtype=torch.float32, attn_implementation="eager"
+    return AutoModelForCausalLM.from_pretrained(
+        str(_converted_dir(name)), dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+@pytest.mark.slow
+def test_smollm2_matches_plain_transformers(smollm2):
     tokens = to_tokens(smollm2, TEXT, prepend_bos=True)
-    _assert_parity(smollm2, plain, tokens)
+    _assert_parity(smollm2, _plain_converted("smollm2-135m"), tokens)
+
+
+@pytest.mark.slow
+def test_gemma3_matches_plain_transformers():
+    gemma = load_model("gemma3-270m", device="cpu")
+    tokens = to_tokens(gemma, TEXT, prepend_bos=True)
+    _assert_parity(gemma, _plain_converted("gemma3-270m"), tokens)
 
 
 @pytest.mark.slow
