@@ -229,13 +229,16 @@ def random_hf_model(spec: str, *, seed: int) -> tuple[nn.Module, Any]:
 
     The global torch RNG is left as it was; the same seed always gives the same weights.
     """
+    return seeded_model(random_config(spec), seed).eval(), gpt2_tokenizer()
+
+
+def seeded_model(config: Any, seed: int, attn_implementation: str = "eager") -> nn.Module:
+    """Build a transformers model from ``config`` with the family's own init, from ``seed``."""
     from transformers import AutoModelForCausalLM
 
-    config = random_config(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-    return model.eval(), gpt2_tokenizer()
+        return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
 
 
 def gpt2_tokenizer_dir() -> Path:

@@ -1,0 +1,243 @@
+"""Organism training: small GPT-2- and Llama-style models trained on CPU, saved as organisms.
+
+The loop is deliberately plain (nanoGPT-style): batch, forward, cross-entropy, backward, clip,
+AdamW step, with linear warm-up then cosine decay. A run is deterministic for its seed: batches
+are functions of (seed, step) and there is no dropout, so ``resume=True`` after a kill continues
+exactly where the last checkpoint left off. Checkpoints are written at log-spaced steps as
+organism folders ``OUT/step-N`` (load them with ``organism:OUT/step-N``), each beside its
+optimizer state; ``OUT/run.json`` records the recipe, the seed, the losses and the checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from mechsink.assets import atomic_write_bytes, atomic_write_text
+from mechsink.errors import BadInputError
+from mechsink.tasks import BigramBackcopy, TextStream
+from mechsink.zoo import save_organism, seeded_model
+
+RUN_FORMAT = "mechsink-run/1"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that defines a training run except its seed and length."""
+
+    name: str
+    family: str  # "gpt2" (learned positions, LayerNorm, GELU, biases) or "llama" (RoPE, RMSNorm)
+    n_layers: int
+    d_model: int
+    n_heads: int
+    data: str  # "bigram-backcopy" or "text"
+    seq_len: int = 64
+    batch_size: int = 32
+    steps: int = 1000
+    lr: float = 3e-3
+    warmup: int = 50
+    weight_decay: float = 0.0
+    d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def task(self) -> BigramBackcopy | TextStream:
+        return BigramBackcopy() if self.data == "bigram-backcopy" else TextStream()
+
+    def config(self) -> Any:
+        """The transformers config of this recipe's model (no dropout: runs are deterministic)."""
+        from transformers import GPT2Config, LlamaConfig
+
+        task = self.task()
+        if self.family == "gpt2":
+            return GPT2Config(
+                n_layer=self.n_layers, n_embd=self.d_model, n_head=self.n_heads,
+                n_inner=self.d_mlp, n_positions=max(self.seq_len, 64),
+                vocab_size=task.vocab_size, bos_token_id=task.bos, eos_token_id=task.bos,
+                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            )
+        d_mlp = self.d_mlp or int(8 * self.d_model / 3)
+        return LlamaConfig(
+            num_hidden_layers=self.n_layers, hidden_size=self.d_model,
+            num_attention_heads=self.n_heads, num_key_value_heads=self.n_heads,
+            intermediate_size=d_mlp, max_position_embeddings=max(self.seq_len, 64),
+            vocab_size=task.vocab_size, bos_token_id=task.bos, eos_token_id=task.bos,
+            tie_word_embeddings=False,
+        )
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe("bb-gpt2-tiny", "gpt2", n_layers=2, d_model=64, n_heads=4, data="bigram-backcopy"),
+        Recipe("bb-llama-tiny", "llama", n_layers=2, d_model=64, n_heads=4,
+               data="bigram-backcopy"),
+        Recipe("text-gpt2-mini", "gpt2", n_layers=4, d_model=128, n_heads=4, data="text",
+               seq_len=64, batch_size=16, steps=2000, lr=1e-3, warmup=100),
+        Recipe("text-llama-mini", "llama", n_layers=4, d_model=128, n_heads=4, data="text",
+               seq_len=64, batch_size=16, steps=2000, lr=1e-3, warmup=100),
+    ]
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    """The recipe called ``name``, or a clear error listing the known ones."""
+    if name not in RECIPES:
+        raise BadInputError(f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}.")
+    return RECIPES[name]
+
+
+def checkpoint_steps(total: int) -> list[int]:
+    """Log-spaced checkpoint steps: 0 (the initialisation), 1, 2, 4, ..., and the last step."""
+    steps = {0, total}
+    k = 1
+    while k < total:
+        steps.add(k)
+        k *= 2
+    return sorted(steps)
+
+
+def lr_at(recipe: Recipe, step: int, total: int) -> float:
+    """Linear warm-up to ``recipe.lr``, then cosine decay to a tenth of it."""
+    if step < recipe.warmup:
+        return recipe.lr * (step + 1) / recipe.warmup
+    progress = (step - recipe.warmup) / max(1, total - recipe.warmup)
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def train(
+    recipe: Recipe | str,
+    out: str | Path,
+    *,
+    steps: int | None = None,
+    seed: int = 0,
+    resume: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Train ``recipe`` from ``seed`` for ``steps`` steps into folder ``out``; returns ``out``.
+
+    ``out`` must be new, or (with ``resume=True``) hold a run of the same recipe, seed and
+    length, which then continues from its last checkpoint.
+    """
+    recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
+    total = recipe.steps if steps is None else steps
+    if total <= 0:
+        raise BadInputError(f"steps must be positive, got {total}.")
+    out = Path(out)
+    run = _open_run(out, recipe, seed, total, resume)
+    task = recipe.task()
+    model = seeded_model(recipe.config(), seed, attn_implementation="sdpa")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr,
+                                  weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+    start = _restore(run, out, model, optimizer)
+    tokenizer = task.tokenizer()
+    schedule = set(checkpoint_steps(total))
+    if start == 0 and 0 in schedule and not run["checkpoints"]:
+        _checkpoint(out, run, 0, model, optimizer, tokenizer)
+    model.train()
+    bar = _progress(progress)
+    clock = time.perf_counter()
+    with bar:
+        job = bar.add_task(recipe.name, total=total, completed=start, loss=float("nan"))
+        for step in range(start, total):
+            tokens = task.batch(seed, step, recipe.batch_size, recipe.seq_len)
+            loss = train_step(model, optimizer, tokens, lr_at(recipe, step, total))
+            run["losses"].append(loss)
+            bar.update(job, advance=1, loss=loss)
+            if step + 1 in schedule:
+                run["seconds"] += time.perf_counter() - clock
+                _checkpoint(out, run, step + 1, model, optimizer, tokenizer)
+                clock = time.perf_counter()
+    return out
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               tokens: torch.Tensor, lr: float) -> float:
+    """One step of next-token prediction; returns the loss."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    logits = model(tokens).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss.item()
+
+
+# --- run folder ----------------------------------------------------------------------------
+
+
+def _open_run(out: Path, recipe: Recipe, seed: int, total: int, resume: bool) -> dict:
+    """Check the output folder and return the run record (new, or the one being resumed)."""
+    if out.exists() and not out.is_dir():
+        raise BadInputError(f"{out} is a file: give a folder for the run.")
+    record = out / "run.json"
+    wanted = {"recipe": dataclasses.asdict(recipe), "seed": seed, "steps": total}
+    if record.is_file():
+        run = json.loads(record.read_text())
+        held = {k: run.get(k) for k in wanted}
+        if held != wanted:
+            raise BadInputError(
+                f"{out} holds a different run (recipe {run['recipe']['name']}, seed {run['seed']}, "
+                f"{run['steps']} steps): choose a new folder."
+            )
+        if not resume:
+            raise BadInputError(f"{out} already holds this run: pass resume=True (--resume).")
+        return run
+    if out.exists() and any(out.iterdir()):
+        raise BadInputError(f"{out} is not empty and holds no mechsink run: choose a new folder.")
+    out.mkdir(parents=True, exist_ok=True)
+    return {"format": RUN_FORMAT, **wanted, "losses": [], "checkpoints": [], "seconds": 0.0}
+
+
+def _restore(run: dict, out: Path, model: torch.nn.Module, optimizer) -> int:
+    """Load the last checkpoint's weights and optimizer state; return the step to continue at."""
+    if not run["checkpoints"]:
+        return 0
+    from safetensors.torch import load_file
+
+    step = run["checkpoints"][-1]
+    folder = out / f"step-{step}"
+    state = load_file(str(folder / "model.safetensors"))
+    model.load_state_dict(state, strict=False)
+    if getattr(model.config, "tie_word_embeddings", False):
+        model.tie_weights()
+    optimizer.load_state_dict(torch.load(out / f"step-{step}.optimizer.pt", weights_only=True))
+    run["losses"] = run["losses"][:step]
+    return step
+
+
+def _checkpoint(out: Path, run: dict, step: int, model, optimizer, tokenizer) -> None:
+    """Write ``step-N`` (organism), its optimizer state, then update run.json (all atomic).
+
+    A ``step-N`` folder that run.json does not list is left over from a killed run: replaced.
+    """
+    folder = out / f"step-{step}"
+    if folder.exists():
+        shutil.rmtree(folder)
+    meta = {"recipe": run["recipe"]["name"], "seed": run["seed"], "step": step,
+            "loss": run["losses"][-1] if run["losses"] else None}
+    save_organism(model, folder, tokenizer=tokenizer, metadata=meta)
+    buf = io.BytesIO()
+    torch.save(optimizer.state_dict(), buf)
+    atomic_write_bytes(out / f"step-{step}.optimizer.pt", buf.getvalue())
+    run["checkpoints"].append(step)
+    atomic_write_text(out / "run.json", json.dumps(run, indent=1))
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), disable=not enabled,
+    )
