@@ -48,6 +48,9 @@ __all__ = [
     "context_length",
     "check_seq_len",
     "architecture_summary",
+    "has_hook",
+    "down_projection",
+    "head_output_weights",
 ]
 
 
@@ -218,8 +221,11 @@ def plain_hf_copy(model: Any) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     wrapped = hf_model_of(model)
+    from mechsink.variants import apply_variants, variants_of
+
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(wrapped.config, attn_implementation="eager")
+        apply_variants(plain, variants_of(wrapped.config))
     wanted = set(plain.state_dict())
     weights: dict[str, Tensor] = {}
     for key, value in wrapped.state_dict().items():
@@ -235,3 +241,155 @@ def plain_hf_copy(model: Any) -> nn.Module:
     if tied:
         plain.tie_weights()
     return plain.eval()
+
+
+# =========================================================================================
+# Patching support (added for mechsink.patching): run part of the model, stop early, unembed.
+# Everything here is generic over TransformerLens models; bridge-specific tricks are guarded.
+# =========================================================================================
+
+from collections.abc import Callable, Collection, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+
+from jaxtyping import Float  # noqa: E402
+
+HookFn = Callable[..., Any]
+
+
+class _StopForward(Exception):
+    """Raised from a hook to end a forward pass once everything a caller needs was seen."""
+
+
+def hook_names(model: Any) -> set[str]:
+    """Every hook name the model exposes (HookedTransformer vocabulary in compatibility mode)."""
+    return set(model.hook_dict.keys())
+
+
+def _decoder_layer_list(model: Any) -> tuple[nn.Module, str] | None:
+    """The (parent, attribute) of the transformers ModuleList that holds the model's blocks.
+
+    The bridge's ``blocks[i]`` are the very modules the wrapped transformers model iterates
+    over, so we look for the ModuleList whose first entry is ``blocks[0]``. None for models
+    that are not bridges (a HookedTransformer skips earlier blocks by itself).
+    """
+    try:
+        hf = hf_model_of(model)
+    except BadInputError:
+        return None
+    first = model.blocks[0]
+    for name, module in hf.named_modules():
+        if isinstance(module, nn.ModuleList) and len(module) and module[0] is first:
+            parent_name, _, attr = name.rpartition(".")
+            return (hf.get_submodule(parent_name) if parent_name else hf), attr
+    return None
+
+
+@contextmanager
+def _only_blocks_from(model: Any, start: int) -> Iterator[None]:
+    """Make the wrapped model iterate over blocks ``start..`` only (restored on exit).
+
+    TransformerBridge's ``start_at_layer`` still executes blocks ``0..start-1`` and discards
+    their output; dropping them from the layer list for the duration of the call skips that
+    work. Exactness is checked by the tests (start-at-layer forward == full forward).
+    """
+    found = _decoder_layer_list(model) if start > 0 else None
+    if found is None:
+        yield
+        return
+    parent, attr = found
+    full = getattr(parent, attr)
+    setattr(parent, attr, nn.ModuleList(list(full)[start:]))
+    try:
+        yield
+    finally:
+        setattr(parent, attr, full)
+
+
+def run_from_layer(
+    model: Any,
+    resid: Float[Tensor, "batch pos d_model"],
+    start: int,
+    *,
+    fwd_hooks: Sequence[tuple[str, HookFn]] = (),
+    stop_after: Collection[str] = (),
+) -> Float[Tensor, "batch pos d_vocab"] | None:
+    """Run blocks ``start..`` on ``resid`` (the residual entering block ``start``) with hooks.
+
+    With ``stop_after`` the pass ends as soon as each named hook has fired once (later blocks,
+    the final norm and the unembedding are skipped) and None is returned; otherwise the logits.
+    Hooks are always removed, also when a hook or the model raises.
+    """
+    n_layers = int(model.cfg.n_layers)
+    if not 0 <= start < n_layers:
+        raise BadInputError(f"start layer {start} is outside 0..{n_layers - 1}.")
+    pending = set(stop_after)
+    hooks = list(fwd_hooks)
+
+    def make_stopper(name: str) -> HookFn:
+        def stopper(act: Tensor, hook: Any) -> None:
+            pending.discard(name)
+            if not pending:
+                raise _StopForward
+
+        return stopper
+
+    hooks += [(name, make_stopper(name)) for name in sorted(pending)]
+    try:
+        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start):
+            logits = model(resid, start_at_layer=start, return_type="logits")
+    except _StopForward:
+        return None
+    if stop_after:
+        raise RuntimeError(f"hooks {sorted(pending)} never fired in a forward from layer {start}.")
+    return logits
+
+
+def unembed(
+    model: Any, resid_final: Float[Tensor, "batch pos d_model"]
+) -> Float[Tensor, "batch pos d_vocab"]:
+    """Logits from the last block's output: final norm, then unembedding (for a few positions)."""
+    return model.unembed(model.ln_final(resid_final))
+
+
+# --- census support (mechsink.census): hook presence and the weights measurements read --------
+
+
+def has_hook(model: Any, name: str) -> bool:
+    """True when the model offers a hook point of this exact name."""
+    return name in model.hook_dict
+
+
+def down_projection(model: Any) -> Tensor:
+    """The MLP down projections stacked over layers, ``[layer, d_mlp, d_model]`` (raw weights,
+    detached): ``mlp.hook_post @ W_out[l] (+ b_out) = hook_mlp_out``."""
+    try:
+        weight = model.W_out
+    except (AttributeError, RuntimeError) as exc:
+        raise BadInputError(f"this model exposes no MLP down projection (W_out): {exc}") from exc
+    return weight.detach()
+
+
+def head_output_weights(model: Any) -> Tensor:
+    """The attention output projections per head, ``[layer, head, d_head, d_model]`` (raw,
+    detached): ``hook_z[..., h, :] @ W_O[l, h]`` is head ``h``'s write to the residual stream."""
+    try:
+        weight = model.W_O
+    except (AttributeError, RuntimeError) as exc:
+        raise BadInputError(f"this model exposes no attention output weights (W_O): {exc}") from exc
+    return weight.detach()
+
+
+def write_in_place(act: Tensor, new: Tensor) -> Tensor:
+    """Overwrite a hooked activation in place and return it (what a patching hook should do).
+
+    On TransformerBridge some HookedTransformer names are aliases of a submodule's input: e.g.
+    ``blocks.L.hook_resid_mid`` is ``blocks.L.ln2.hook_in``. Returning a new tensor from such a
+    hook changes only that submodule's input (the MLP sees the patch, the residual skip does not);
+    writing in place changes the shared residual tensor too, which is HookedTransformer's meaning
+    of the name and what ``transformer_lens.patching`` (whose setters write in place) computes.
+    The new tensor (not ``act``) is returned as well, because some bridge components (the
+    norms' ``hook_scale``/``hook_normalized``) detect an edit by object identity only.
+    """
+    if not (act.requires_grad and act.is_leaf):
+        act.copy_(new)
+    return new

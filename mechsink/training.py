@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from mechsink.assets import atomic_write_bytes, atomic_write_text
 from mechsink.errors import BadInputError
 from mechsink.tasks import BigramBackcopy, TextStream
+from mechsink.variants import apply_headwise_rmsnorm
 from mechsink.zoo import save_organism, seeded_model
 
 RUN_FORMAT = "mechsink-run/1"
@@ -49,6 +50,7 @@ class Recipe:
     warmup: int = 50
     weight_decay: float = 0.0
     d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
+    headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.variants)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def task(self) -> BigramBackcopy | TextStream:
@@ -90,11 +92,21 @@ RECIPES: dict[str, Recipe] = {
 }
 
 
+HWRMS_SUFFIX = "+hwrms"
+
+
 def get_recipe(name: str) -> Recipe:
-    """The recipe called ``name``, or a clear error listing the known ones."""
-    if name not in RECIPES:
-        raise BadInputError(f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)}.")
-    return RECIPES[name]
+    """The recipe called ``name`` (``NAME+hwrms`` adds head-wise RMSNorm), or a clear error."""
+    base = name.removesuffix(HWRMS_SUFFIX)
+    if base not in RECIPES:
+        raise BadInputError(
+            f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)} "
+            f"(append {HWRMS_SUFFIX} for head-wise RMSNorm)."
+        )
+    recipe = RECIPES[base]
+    if name.endswith(HWRMS_SUFFIX):
+        recipe = dataclasses.replace(recipe, name=name, headwise_rmsnorm=True)
+    return recipe
 
 
 def checkpoint_steps(total: int) -> list[int]:
@@ -137,6 +149,8 @@ def train(
     run = _open_run(out, recipe, seed, total, resume)
     task = recipe.task()
     model = seeded_model(recipe.config(), seed, attn_implementation="sdpa")
+    if recipe.headwise_rmsnorm:
+        apply_headwise_rmsnorm(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr,
                                   weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
     start = _restore(run, out, model, optimizer)

@@ -31,6 +31,7 @@ from mechsink import assets
 from mechsink.assets import Asset
 from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
+from mechsink.variants import apply_variants, variants_of
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -325,12 +326,34 @@ def _joined_gemma() -> Path:
 
 
 def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=dtype, attn_implementation="eager"
-    )
+    config = AutoConfig.from_pretrained(str(folder))
+    if variants_of(config):
+        model = _with_variants_from_folder(folder, config, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, attn_implementation="eager"
+        )
     return model.eval(), AutoTokenizer.from_pretrained(str(folder))
+
+
+def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) -> nn.Module:
+    """Build a model whose architecture mechsink edited (see variants.py), then load weights."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    apply_variants(model, variants_of(config))
+    missing, unexpected = model.load_state_dict(
+        load_file(str(folder / "model.safetensors")), strict=False
+    )
+    if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
+        raise MechsinkError(f"{folder} does not match its config: missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}")
+    if missing:
+        model.tie_weights()
+    return model.to(dtype)
 
 
 def _from_hub_or_folder(ref: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
