@@ -102,3 +102,17 @@ def test_bad_recipe_steps_and_folders_are_clear_errors(tmp_path):
     (tmp_path / "other" / "notes.txt").write_text("mine")
     with pytest.raises(BadInputError, match="not empty"):
         train(TINY, tmp_path / "other", progress=False)
+
+
+def test_train_command(tmp_path):
+    from typer.testing import CliRunner
+
+    from mechsink.cli import app
+
+    runner = CliRunner()
+    ok = runner.invoke(app, ["train", "bb-gpt2-tiny", "--out", str(tmp_path / "run"),
+                             "--steps", "2"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"] == [0, 1, 2]
+    bad = runner.invoke(app, ["train", "bb-nothing", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "unknown recipe" in bad.output
