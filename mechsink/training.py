@@ -133,20 +133,24 @@ def train(
     *,
     steps: int | None = None,
     seed: int = 0,
+    data_seed: int | None = None,
     resume: bool = False,
     progress: bool = True,
 ) -> Path:
     """Train ``recipe`` from ``seed`` for ``steps`` steps into folder ``out``; returns ``out``.
 
-    ``out`` must be new, or (with ``resume=True``) hold a run of the same recipe, seed and
-    length, which then continues from its last checkpoint.
+    ``seed`` fixes the initialisation; ``data_seed`` (default: ``seed``) the batches, so twins
+    can share an initialisation and see different data, or the reverse. ``out`` must be new,
+    or (with ``resume=True``) hold a run of the same recipe, seeds and length, which then
+    continues from its last checkpoint.
     """
+    data_seed = seed if data_seed is None else data_seed
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
     total = recipe.steps if steps is None else steps
     if total <= 0:
         raise BadInputError(f"steps must be positive, got {total}.")
     out = Path(out)
-    run = _open_run(out, recipe, seed, total, resume)
+    run = _open_run(out, recipe, seed, data_seed, total, resume)
     task = recipe.task()
     model = seeded_model(recipe.config(), seed, attn_implementation="sdpa")
     if recipe.headwise_rmsnorm:
@@ -164,7 +168,7 @@ def train(
     with bar:
         job = bar.add_task(recipe.name, total=total, completed=start, loss=float("nan"))
         for step in range(start, total):
-            tokens = task.batch(seed, step, recipe.batch_size, recipe.seq_len)
+            tokens = task.batch(data_seed, step, recipe.batch_size, recipe.seq_len)
             loss = train_step(model, optimizer, tokens, lr_at(recipe, step, total))
             run["losses"].append(loss)
             bar.update(job, advance=1, loss=loss)
@@ -192,12 +196,15 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 # --- run folder ----------------------------------------------------------------------------
 
 
-def _open_run(out: Path, recipe: Recipe, seed: int, total: int, resume: bool) -> dict:
+def _open_run(
+    out: Path, recipe: Recipe, seed: int, data_seed: int, total: int, resume: bool
+) -> dict:
     """Check the output folder and return the run record (new, or the one being resumed)."""
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} is a file: give a folder for the run.")
     record = out / "run.json"
-    wanted = {"recipe": dataclasses.asdict(recipe), "seed": seed, "steps": total}
+    wanted = {"recipe": dataclasses.asdict(recipe), "seed": seed, "data_seed": data_seed,
+              "steps": total}
     if record.is_file():
         run = json.loads(record.read_text())
         held = {k: run.get(k) for k in wanted}
@@ -240,7 +247,8 @@ def _checkpoint(out: Path, run: dict, step: int, model, optimizer, tokenizer) ->
     folder = out / f"step-{step}"
     if folder.exists():
         shutil.rmtree(folder)
-    meta = {"recipe": run["recipe"]["name"], "seed": run["seed"], "step": step,
+    meta = {"recipe": run["recipe"]["name"], "seed": run["seed"],
+            "data_seed": run["data_seed"], "step": step,
             "loss": run["losses"][-1] if run["losses"] else None}
     save_organism(model, folder, tokenizer=tokenizer, metadata=meta)
     buf = io.BytesIO()

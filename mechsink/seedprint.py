@@ -1,0 +1,187 @@
+"""Structure at random initialisation, and the SeedPrint identity test (claim C7).
+
+Li et al. 2026 ("SeedPrint", seeds/000) report that untrained transformers already prefer some
+next tokens by orders of magnitude, because representations contract along a seed-dependent
+direction, and that this bias survives training and fingerprints the seed. This module gives:
+
+- :func:`init_model`: a random GPT-2 / Llama under one of three init schemes;
+- :func:`token_preference`: max / median of the mean next-token probability on random input;
+- :func:`contraction_direction`: the top principal direction of final states on random input;
+- :func:`seedprint_test`: the identity test between two models.
+
+SeedPrint test, as implemented here: both models read the same random sequences; each gives its
+last-position logits ``x``, turned row-wise into ``softmax(x / 10)``. The ``k`` vocabulary
+dimensions with the lowest mean (under model A) are kept; for each, Kendall's tau between the two
+models' values across inputs is computed (scipy). With ``tau_1..tau_k``,
+``z = mean(tau) / (std(tau) / sqrt(k))`` and the two-sided normal p-value decide whether the
+two models share an initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from scipy import stats
+from torch import Tensor, nn
+
+from mechsink.bridge import wrap_hf
+from mechsink.errors import BadInputError
+from mechsink.zoo import gpt2_tokenizer, random_config, seeded_model
+
+INIT_SCHEMES = ("hf", "torch", "tl-legacy")
+
+
+def init_model(spec: str, seed: int, scheme: str = "hf", n_layers: int | None = None) -> Any:
+    """A random ``gpt2-<size>`` / ``llama-<size>`` bridge, initialised by ``scheme``.
+
+    ``hf``: the family's transformers init (normal, std 0.02; GPT-2 scales residual writers);
+    ``torch``: PyTorch's layer defaults (uniform +-1/sqrt(fan_in), embeddings N(0, 1));
+    ``tl-legacy``: TransformerLens's legacy init, N(0, 0.8 / sqrt(d_model)) for every matrix.
+    """
+    if scheme not in INIT_SCHEMES:
+        raise BadInputError(f"unknown init scheme {scheme!r}: choose one of {INIT_SCHEMES}.")
+    config = random_config(spec)
+    if n_layers is not None:
+        key = "n_layer" if hasattr(config, "n_layer") else "num_hidden_layers"
+        setattr(config, key, n_layers)
+    model = seeded_model(config, seed)
+    if scheme != "hf":
+        with torch.random.fork_rng(devices=[]), torch.no_grad():
+            torch.manual_seed(seed)
+            _reinit(model, scheme, config.hidden_size)
+    return wrap_hf(model.eval(), gpt2_tokenizer(), name=f"random:{spec}/{scheme}")
+
+
+def _reinit(model: nn.Module, scheme: str, d_model: int) -> None:
+    """Overwrite every weight by ``scheme`` (norm gains to one, biases as the scheme says)."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if not isinstance(weight, nn.Parameter):
+            continue
+        bias = getattr(module, "bias", None)
+        if weight.dim() == 1:  # LayerNorm / RMSNorm gain
+            weight.fill_(1.0)
+            if isinstance(bias, nn.Parameter):
+                bias.zero_()
+            continue
+        if scheme == "tl-legacy":
+            weight.normal_(0.0, 0.8 / math.sqrt(d_model))
+            if isinstance(bias, nn.Parameter):
+                bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            weight.normal_(0.0, 1.0)
+        else:  # nn.Linear (out, in) or transformers' Conv1D (in, out)
+            fan_in = weight.shape[1] if isinstance(module, nn.Linear) else weight.shape[0]
+            bound = 1.0 / math.sqrt(fan_in)
+            weight.uniform_(-bound, bound)
+            if isinstance(bias, nn.Parameter):
+                bias.uniform_(-bound, bound)
+
+
+def random_tokens(model: Any, n: int, seq_len: int, seed: int) -> Int[Tensor, "n seq"]:
+    """Uniform random ordinary tokens (special tokens excluded), reproducible from ``seed``."""
+    vocab = int(model.cfg.d_vocab)
+    special = set(getattr(model.tokenizer, "all_special_ids", []) or [])
+    allowed = torch.tensor([t for t in range(vocab) if t not in special])
+    gen = torch.Generator().manual_seed(seed)
+    return allowed[torch.randint(len(allowed), (n, seq_len), generator=gen)]
+
+
+@torch.no_grad()
+def last_logits(
+    model: Any, tokens: Int[Tensor, "n seq"], batch: int = 32
+) -> Float[Tensor, "n vocab"]:
+    """Next-token logits at the last position of each sequence."""
+    return torch.cat([model(tokens[i: i + batch])[:, -1] for i in range(0, len(tokens), batch)])
+
+
+@dataclass(frozen=True)
+class TokenPreference:
+    """Mean next-token distribution on random input: its max, median and their ratio."""
+
+    max_prob: float
+    median_prob: float
+    ratio: float
+    top_token: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def token_preference(logits: Float[Tensor, "n vocab"]) -> TokenPreference:
+    """Max / median of the mean next-token probability (a pure function of the logits)."""
+    mean = logits.double().softmax(-1).mean(0)
+    max_prob, top = mean.max(0)
+    median = mean.median()
+    return TokenPreference(max_prob.item(), median.item(), (max_prob / median).item(), int(top))
+
+
+@torch.no_grad()
+def final_states(model: Any, tokens: Int[Tensor, "n seq"]) -> Float[Tensor, "points d_model"]:
+    """The last block's residual output at every position of every sequence."""
+    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    _, cache = model.run_with_cache(tokens, names_filter=[name])
+    return cache[name].flatten(0, 1)
+
+
+def contraction_direction(states: Float[Tensor, "points d_model"]) -> Float[Tensor, " d_model"]:
+    """Top principal direction of the (uncentred) states: where representations contract to.
+
+    Uncentred on purpose: a shared offset along one direction is the contraction itself. The
+    sign is fixed so the states' mean projects positively.
+    """
+    _, _, vh = torch.linalg.svd(states.double(), full_matrices=False)
+    direction = vh[0]
+    if (states.double() @ direction).mean() < 0:
+        direction = -direction
+    return direction.float()
+
+
+def explained_fraction(states: Float[Tensor, "points d_model"],
+                       direction: Float[Tensor, " d_model"]) -> float:
+    """Share of the states' squared norm that lies along ``direction``."""
+    s = states.double()
+    return ((s @ direction.double()).pow(2).sum() / s.pow(2).sum()).item()
+
+
+@dataclass(frozen=True)
+class SeedPrintResult:
+    """Outcome of the SeedPrint test between two models."""
+
+    z: float
+    p_value: float
+    mean_tau: float
+    k: int
+    n_inputs: int
+
+    def same_seed(self, alpha: float = 0.01) -> bool:
+        """True when the test rejects 'unrelated initialisations' at level ``alpha``."""
+        return self.p_value < alpha and self.z > 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def seedprint_test(logits_a: Float[Tensor, "n vocab"], logits_b: Float[Tensor, "n vocab"],
+                   k: int = 64, temperature: float = 10.0) -> SeedPrintResult:
+    """The SeedPrint identity test on two models' logits over the same inputs (module doc)."""
+    if logits_a.shape != logits_b.shape:
+        raise BadInputError(f"logits differ in shape: {tuple(logits_a.shape)} vs "
+                            f"{tuple(logits_b.shape)}; run both models on the same inputs.")
+    n, vocab = logits_a.shape
+    if not 2 <= k <= vocab or n < 3:
+        raise BadInputError(f"need 2 <= k <= vocab ({vocab}) and >= 3 inputs; got k={k}, n={n}.")
+    pa = (logits_a.double() / temperature).softmax(-1)
+    pb = (logits_b.double() / temperature).softmax(-1)
+    dims = pa.mean(0).argsort()[:k]
+    taus = torch.tensor([stats.kendalltau(pa[:, d].numpy(), pb[:, d].numpy()).statistic
+                         for d in dims.tolist()], dtype=torch.float64).nan_to_num(0.0)
+    spread = taus.std(unbiased=True).item()
+    z = taus.mean().item() / (spread / math.sqrt(k)) if spread > 0 else math.copysign(
+        math.inf, taus.mean().item() or 1.0)
+    p = 2 * stats.norm.sf(abs(z))
+    return SeedPrintResult(z=z, p_value=float(p), mean_tau=taus.mean().item(), k=k, n_inputs=n)
