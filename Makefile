@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/mechsink info smollm2-135m --prompt "The capital of France is" --tokens 16
+	$(BIN)/mechsink scan smollm2-135m --out report/
+	@echo "Open report/index.html in a browser (it works offline)."
 
 test: setup
 	$(BIN)/python -m pytest -q
@@ -33,6 +34,9 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/load.py
+	$(BIN)/python benchmarks/census.py
+	$(BIN)/python benchmarks/patching.py
+	$(BIN)/python benchmarks/training.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

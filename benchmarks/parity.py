@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+",
                         default=["smollm2-135m", "random:gpt2-tiny", "random:llama-tiny"])
     args = parser.parse_args()
-    print("| model | T | max abs diff, residuals | max rel diff, residuals | max abs diff, logits |")
+    print("| model | T | max abs diff, resid | max rel diff, resid | max abs diff, logits |")
     print("|---|---|---|---|---|")
     for name in args.models:
         bridge = load_model(name, device="cpu")

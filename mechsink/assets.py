@@ -210,10 +210,17 @@ def atomic_file(target: Path) -> Iterator[tuple[Path, object]]:
     try:
         with os.fdopen(fd, "wb") as out:
             yield tmp, out
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:

@@ -111,3 +111,14 @@ def test_atomic_write_leaves_old_file_on_failure(tmp_path):
             raise RuntimeError("crash mid-write")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.json"]
+
+
+def test_atomic_writes_get_ordinary_permissions(tmp_path):
+    import os
+    import stat
+
+    target = tmp_path / "report.json"
+    assets.atomic_write_text(target, "{}")
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask
