@@ -1,5 +1,46 @@
-"""Measurements: pure functions of cached activations (no model calls), per SCIENCE.md."""
+"""Measurements: pure functions of cached activations (no model calls), per SCIENCE.md.
 
-from mechsink.measure.sinks import sink_rate, sink_score
+Each module holds one measurement: its hook suffixes (``HOOKS``), a function of a cache (a
+mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of sequences) and
+``to_dict`` (JSON).
+"""
 
-__all__ = ["sink_rate", "sink_score"]
+from mechsink.measure.keys import KeyBiasCosine, key_bias_cosine
+from mechsink.measure.massive import (
+    MassiveHits,
+    MassiveReport,
+    find_massive,
+    massive_activations,
+)
+from mechsink.measure.norms import (
+    HeadNorms,
+    PerSequence,
+    first_token_norm_ratio,
+    head_output_norms,
+    value_drain,
+)
+from mechsink.measure.sinks import SinkScores, sink_rate, sink_score, sink_scores
+from mechsink.measure.super_neurons import MlpSpikes, mlp_spikes
+from mechsink.measure.variance import VarianceStats, variance_stats
+
+__all__ = [
+    "HeadNorms",
+    "KeyBiasCosine",
+    "MassiveHits",
+    "MassiveReport",
+    "MlpSpikes",
+    "PerSequence",
+    "SinkScores",
+    "VarianceStats",
+    "find_massive",
+    "first_token_norm_ratio",
+    "head_output_norms",
+    "key_bias_cosine",
+    "massive_activations",
+    "mlp_spikes",
+    "sink_rate",
+    "sink_score",
+    "sink_scores",
+    "value_drain",
+    "variance_stats",
+]

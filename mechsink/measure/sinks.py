@@ -2,16 +2,25 @@
 
 ``alpha_k = mean_{i >= k} A[i, k]``: the mean attention that queries at or after key position
 ``k`` pay to ``k``. Gu's version includes the query ``i = k`` (which, for ``k = 0``, attends to
-itself with weight 1); ``include_self=False`` starts at ``i = k + 1``.
+itself with weight 1); ``include_self=False`` starts at ``i = k + 1``. The sink rate is the
+fraction of (layer, head) with ``alpha_k > eps``, thresholded per sequence, then averaged.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
+from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+
+HOOKS = ("attn.hook_pattern",)
+DEFAULT_EPS = 0.3
 
 
 def sink_score(
@@ -35,11 +44,80 @@ def sink_score(
     return pattern[..., first:, key_pos].mean(dim=-1)
 
 
+def check_eps(eps: float) -> None:
+    """Raise unless ``0 < eps < 1`` (a sink threshold on an attention weight)."""
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 < eps < 1.0:
+        raise BadInputError(f"eps must lie strictly between 0 and 1, got {eps!r}.")
+
+
 def sink_rate(
-    scores: Float[Tensor, "batch layer head"], eps: float = 0.3
+    scores: Float[Tensor, "batch layer head"], eps: float = DEFAULT_EPS
 ) -> float:
     """Fraction of (layer, head) pairs with sink score above ``eps``, thresholded per sequence
     and then averaged over sequences (Gu et al. 2024)."""
-    if not 0.0 < eps < 1.0:
-        raise BadInputError(f"eps must lie in (0, 1), got {eps}.")
+    check_eps(eps)
     return (scores > eps).to(torch.float64).mean().item()
+
+
+@dataclass(frozen=True)
+class SinkScores:
+    """Per-sequence sink scores of one key position, both versions, for every layer and head."""
+
+    key_pos: int
+    eps: float
+    gu: Float[Tensor, "batch layer head"]  # queries i >= key_pos (Gu's version)
+    no_self: Float[Tensor, "batch layer head"]  # queries i > key_pos
+
+    @classmethod
+    def merge(cls, parts: Sequence[SinkScores]) -> SinkScores:
+        """Concatenate chunks of sequences measured with the same settings."""
+        first = parts[0]
+        return cls(first.key_pos, first.eps, torch.cat([p.gu for p in parts]),
+                   torch.cat([p.no_self for p in parts]))
+
+    @property
+    def mean(self) -> Float[Tensor, "layer head"]:
+        """Gu's sink score averaged over sequences."""
+        return self.gu.mean(0)
+
+    @property
+    def rate(self) -> float:
+        return sink_rate(self.gu, self.eps)
+
+    @property
+    def rate_no_self(self) -> float:
+        return sink_rate(self.no_self, self.eps)
+
+    def top_heads(self, k: int) -> list[tuple[int, int, float]]:
+        """The ``k`` (layer, head, mean score) with the highest mean Gu score, best first."""
+        flat = self.mean.flatten()
+        n_heads = self.mean.shape[1]
+        idx = torch.argsort(flat, descending=True, stable=True)[:k]
+        return [(int(i) // n_heads, int(i) % n_heads, float(flat[i])) for i in idx]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "key_position": self.key_pos,
+            "eps": self.eps,
+            "sink_score": rounded_list(self.mean),
+            "sink_score_no_self": rounded_list(self.no_self.mean(0)),
+            "sink_rate": rounded(self.rate),
+            "sink_rate_no_self": rounded(self.rate_no_self),
+            "sink_rate_per_layer": rounded_list((self.gu > self.eps).double().mean(dim=(0, 2))),
+        }
+
+
+def sink_scores(
+    cache: CacheLike, key_pos: int = 0, eps: float = DEFAULT_EPS
+) -> SinkScores:
+    """Both sink-score versions for every layer and head, from ``attn.hook_pattern``."""
+    check_eps(eps)
+    pattern = stacked(cache, HOOKS[0])  # [layer, batch, head, query, key]
+    n_layers, batch = pattern.shape[:2]
+    flat = pattern.flatten(0, 1)
+
+    def per_seq(include_self: bool) -> Tensor:
+        score = sink_score(flat, key_pos, include_self=include_self)
+        return score.reshape(n_layers, batch, -1).transpose(0, 1).float().cpu()
+
+    return SinkScores(key_pos, float(eps), per_seq(True), per_seq(False))

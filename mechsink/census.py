@@ -1,0 +1,338 @@
+"""The sink census: every standard sink measurement of a model on every input suite.
+
+:func:`census` runs each suite x first-token variant in chunks of ``batch_size`` sequences, one
+forward per chunk, caching only the hooks the measurements read; each measurement is a pure
+function of that cache (:mod:`mechsink.measure`) and the per-chunk results are merged exactly.
+:func:`write_census` writes ``census.json`` atomically; its schema is documented in
+``docs/census-schema.md`` (``schema: "mechsink-census/1"``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mechsink import __version__
+from mechsink.assets import atomic_write_text
+from mechsink.bridge import (
+    architecture_summary,
+    bos_token_id,
+    check_seq_len,
+    down_projection,
+    has_hook,
+    head_output_weights,
+)
+from mechsink.errors import BadInputError
+from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure._cache import CacheLike, hook_names, rounded
+from mechsink.prompts import (
+    DEFAULT_N,
+    DEFAULT_SEQ_LEN,
+    SUITES,
+    VARIANTS,
+    PromptSet,
+    check_suite_args,
+    make_prompts,
+)
+
+SCHEMA = "mechsink-census/1"
+CENSUS_FILE = "census.json"
+DEFAULT_BATCH_SIZE = 8
+EXAMPLE_HEADS = 4  # strongest sink heads whose pattern (sequence 0) is kept for the report
+
+Progress = Callable[[str, int, int], None]  # (run name, sequences done, sequences in run)
+
+
+@dataclass(frozen=True)
+class AttentionExample:
+    """The attention pattern of sequence 0 for the strongest sink heads of a run."""
+
+    tokens: list[str]
+    heads: list[tuple[int, int, float]]  # (layer, head, mean Gu sink score)
+    patterns: Float[Tensor, "head query key"]
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = []
+        for (layer, head, score), pattern in zip(self.heads, self.patterns, strict=True):
+            lower = [[rounded(v, 4) for v in pattern[i, : i + 1].tolist()]
+                     for i in range(pattern.shape[0])]
+            rows.append({"layer": layer, "head": head, "sink_score": rounded(score),
+                         "pattern": lower})
+        return {"sequence": 0, "tokens": self.tokens, "heads": rows}
+
+
+@dataclass(frozen=True)
+class RunCensus:
+    """Every measurement of one suite x first-token variant."""
+
+    prompts: dict[str, Any]
+    sinks: sinks.SinkScores
+    massive: massive.MassiveReport
+    mlp: super_neurons.MlpSpikes
+    norm_ratio: norms.PerSequence
+    value_drain: norms.PerSequence
+    heads: norms.HeadNorms
+    keys: keys.KeyBiasCosine
+    variance: variance.VarianceStats
+    example: AttentionExample
+
+    @property
+    def name(self) -> str:
+        return f"{self.prompts['suite']}/{self.prompts['variant']}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, **self.prompts}
+        for part in (self.sinks, self.massive, self.mlp, self.norm_ratio, self.value_drain,
+                     self.heads, self.keys, self.variance):
+            out.update(part.to_dict())
+        out["attention_example"] = self.example.to_dict()
+        return out
+
+
+@dataclass(frozen=True)
+class Census:
+    """A model's census: what was run (settings) and one :class:`RunCensus` per input."""
+
+    model: str
+    architecture: dict[str, Any]
+    settings: dict[str, Any]
+    runs: tuple[RunCensus, ...] = field(default_factory=tuple)
+
+    def run(self, suite: str, variant: str) -> RunCensus:
+        for r in self.runs:
+            if r.prompts["suite"] == suite and r.prompts["variant"] == variant:
+                return r
+        raise KeyError(f"no run {suite}/{variant} in this census")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "mechsink_version": __version__, "model": self.model,
+                "architecture": self.architecture, "settings": self.settings,
+                "runs": [r.to_dict() for r in self.runs]}
+
+
+# --- one chunk ---------------------------------------------------------------------------------
+
+
+def needed_hooks(model: Any) -> list[str]:
+    """Every hook name the measurements read (the census's names_filter)."""
+    rotary = has_hook(model, "blocks.0." + keys.ROTARY_HOOKS[0])
+    suffixes = {*sinks.HOOKS, *massive.HOOKS, *super_neurons.HOOKS, *norms.RESID_HOOKS,
+                *norms.VALUE_HOOKS, *norms.HEAD_HOOKS, *variance.HOOKS,
+                *(keys.ROTARY_HOOKS if rotary else keys.PLAIN_HOOKS)}
+    return hook_names(int(model.cfg.n_layers), sorted(suffixes))
+
+
+def measure_cache(
+    cache: CacheLike,
+    *,
+    w_out: Float[Tensor, "layer d_mlp d_model"],
+    w_o: Float[Tensor, "layer head d_head d_model"],
+    eps: float = sinks.DEFAULT_EPS,
+    key_pos: int = 0,
+) -> dict[str, Any]:
+    """All census measurements of one cache (pure: no model call), keyed by RunCensus field."""
+    return {
+        "sinks": sinks.sink_scores(cache, key_pos, eps),
+        "massive": massive.massive_activations(cache),
+        "mlp": super_neurons.mlp_spikes(cache, w_out),
+        "norm_ratio": norms.first_token_norm_ratio(cache),
+        "value_drain": norms.value_drain(cache),
+        "heads": norms.head_output_norms(cache, w_o),
+        "keys": keys.key_bias_cosine(cache),
+        "variance": variance.variance_stats(cache),
+    }
+
+
+def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    return {name: type(parts[0][name]).merge([p[name] for p in parts]) for name in parts[0]}
+
+
+# --- the census --------------------------------------------------------------------------------
+
+
+def check_census_args(
+    model: Any, suites: Sequence[str], variants: Sequence[str], n: int, seq_len: int,
+    eps: float, batch_size: int,
+) -> None:
+    """Every argument check that can run before any work."""
+    check_suite_args(suites, variants, n, seq_len)
+    sinks.check_eps(eps)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise BadInputError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    check_seq_len(model, seq_len)
+    if "bos" in variants and bos_token_id(model) is None:
+        raise BadInputError("variant 'bos' needs a BOS token and this tokenizer has none: "
+                            "choose variants nobos/randfirst.")
+
+
+def census(
+    model: Any,
+    suites: Sequence[str] = SUITES,
+    variants: Sequence[str] = VARIANTS,
+    *,
+    n: int = DEFAULT_N,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    eps: float = sinks.DEFAULT_EPS,
+    seed: int = 0,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    prompts: Sequence[PromptSet] | None = None,
+    model_name: str | None = None,
+    progress: Progress | None = None,
+) -> Census:
+    """Measure ``model`` on every suite x variant (or on the given ``prompts`` instead).
+
+    ``n`` sequences of ``seq_len`` tokens each, drawn from ``seed``; ``eps`` is the sink-rate
+    threshold; ``batch_size`` sequences go through one forward (memory grows with it).
+    """
+    if prompts is None:
+        check_census_args(model, suites, variants, n, seq_len, eps, batch_size)
+        prompt_sets = [make_prompts(model, s, v, n=n, seq_len=seq_len, seed=seed)
+                       for s in suites for v in variants]
+    else:
+        prompt_sets = list(prompts)
+        if not prompt_sets:
+            raise BadInputError("prompts is empty: pass at least one PromptSet.")
+        for p in prompt_sets:
+            check_census_args(model, ["natural"], ["nobos"], p.n, p.seq_len, eps, batch_size)
+    names = needed_hooks(model)
+    w_out, w_o = down_projection(model), head_output_weights(model)
+    runs = tuple(_run_one(model, p, names, w_out, w_o, eps, batch_size, progress)
+                 for p in prompt_sets)
+    settings = {"suites": sorted({p.suite for p in prompt_sets}, key=_suite_order),
+                "variants": sorted({p.variant for p in prompt_sets}, key=_variant_order),
+                "n": n if prompts is None else None,
+                "seq_len": seq_len if prompts is None else None,
+                "seed": seed, "eps": eps, "key_position": 0, "batch_size": batch_size,
+                "dtype": str(model.cfg.dtype).replace("torch.", ""),
+                "device": str(getattr(model.cfg, "device", "cpu") or "cpu")}
+    return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
+                  architecture_summary(model), settings, runs)
+
+
+def _suite_order(s: str) -> tuple[int, str]:
+    return (SUITES.index(s) if s in SUITES else len(SUITES), s)
+
+
+def _variant_order(v: str) -> tuple[int, str]:
+    return (VARIANTS.index(v) if v in VARIANTS else len(VARIANTS), v)
+
+
+def _run_one(
+    model: Any, prompts: PromptSet, names: list[str], w_out: Tensor, w_o: Tensor, eps: float,
+    batch_size: int, progress: Progress | None,
+) -> RunCensus:
+    parts: list[dict[str, Any]] = []
+    example_pattern: Tensor | None = None
+    tokens = prompts.tokens
+    for start in range(0, prompts.n, batch_size):
+        chunk = tokens[start:start + batch_size]
+        with torch.no_grad():
+            _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None)
+        parts.append(measure_cache(cache, w_out=w_out, w_o=w_o, eps=eps))
+        if example_pattern is None:
+            example_pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0]
+                                           for layer in range(int(model.cfg.n_layers))]).cpu()
+        del cache
+        if progress is not None:
+            progress(prompts.name, min(start + batch_size, prompts.n), prompts.n)
+    merged = _merge(parts)
+    assert example_pattern is not None
+    top = merged["sinks"].top_heads(EXAMPLE_HEADS)
+    example = AttentionExample(
+        _token_strings(model, tokens[0].tolist()), top,
+        torch.stack([example_pattern[layer, head] for layer, head, _ in top]).float(),
+    )
+    return RunCensus(prompts=prompts.to_dict(), example=example, **merged)
+
+
+def _token_strings(model: Any, ids: list[int]) -> list[str]:
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return [str(i) for i in ids]
+    return [tok.decode([i]) for i in ids]
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def check_out_dir(out_dir: str | Path) -> Path:
+    """The output folder, checked before any work (a file there is an error); created."""
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise BadInputError(f"--out {path} is a file, not a folder: give a folder path.")
+    target = path / CENSUS_FILE
+    if target.exists() and target.is_dir():
+        raise BadInputError(f"{target} is a folder: remove it or choose another --out.")
+    return path
+
+
+def census_json(c: Census | Mapping[str, Any]) -> str:
+    """The census as JSON text (stable key order, so equal censuses give equal text)."""
+    data = c.to_dict() if isinstance(c, Census) else dict(c)
+    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_census(c: Census | Mapping[str, Any], out_dir: str | Path) -> Path:
+    """Write ``out_dir/census.json`` atomically (temporary file, then rename)."""
+    folder = check_out_dir(out_dir)
+    text = census_json(c)  # serialise fully before touching the disk
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / CENSUS_FILE
+    atomic_write_text(target, text)
+    readable(target)
+    return target
+
+
+def readable(path: Path) -> None:
+    """Give a written file the usual permissions (temporary files are created owner-only)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def read_census(path: str | Path) -> dict[str, Any]:
+    """Read a census.json (a file or the folder holding it) and check its schema."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CENSUS_FILE
+    data = json.loads(p.read_text(encoding="utf-8"))
+    if data.get("schema") != SCHEMA:
+        raise BadInputError(f"{p} has schema {data.get('schema')!r}; this mechsink reads {SCHEMA}.")
+    return data
+
+
+# --- a short summary (terminal table and report) ----------------------------------------------
+
+
+def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per run: sink rates, massive channels (both references), super neurons and the
+    first-token norm ratio range."""
+    rows = []
+    for run in data["runs"]:
+        row: dict[str, Any] = {"run": run["name"], "sink_rate": run["sink_rate"],
+                               "sink_rate_no_self": run["sink_rate_no_self"]}
+        for key, label in (("massive_activations", "massive"),
+                           ("massive_activations_layer_median", "massive_layer_median")):
+            acts = run[key]
+            layers = [a["layer"] for a in acts]
+            row[label] = {
+                "count": len(acts),
+                "at_position_0": sum(a["position"] == 0 for a in acts),
+                "channels": sorted({a["channel"] for a in acts}),
+                "layers": [min(layers), max(layers)] if layers else None,
+                "max_abs": max((a["max_abs"] for a in acts), default=None),
+            }
+        row["super_neurons"] = [(s["layer"], s["neuron"], s["channel"])
+                                for s in run["super_neurons"]]
+        ratio = [r for r in run["first_token_norm_ratio"] if r is not None]
+        row["norm_ratio_range"] = [min(ratio), max(ratio)] if ratio else None
+        rows.append(row)
+    return rows

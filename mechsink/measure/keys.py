@@ -1,0 +1,72 @@
+"""Key-bias cosine: does every query point at the first token's key (the sink key)?
+
+Per layer and query head: ``first = mean_{i>0} cos(q_i, k_0)`` against
+``rest = mean_{i>0} mean_{0<j<=i} cos(q_i, k_j)`` (only keys the query can see). The vectors are
+the ones the attention score is made of: after the rotary embedding where the model has one
+(``attn.hook_rot_q/k``), else ``attn.hook_q/k``. With grouped-query attention query head ``h``
+is compared with KV head ``h // (n_heads / n_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from mechsink.errors import BadInputError
+from mechsink.measure._cache import CacheLike, n_layers_in, rounded_list, stacked
+
+PLAIN_HOOKS = ("attn.hook_q", "attn.hook_k")
+ROTARY_HOOKS = ("attn.hook_rot_q", "attn.hook_rot_k")
+
+
+def qk_hooks_in(cache: CacheLike) -> tuple[str, str]:
+    """The rotary hooks when the cache holds them, else the plain ones."""
+    try:
+        n_layers_in(cache, ROTARY_HOOKS[0])
+        return ROTARY_HOOKS
+    except BadInputError:
+        return PLAIN_HOOKS
+
+
+@dataclass(frozen=True)
+class KeyBiasCosine:
+    """Per sequence, layer and query head: mean cosine of queries with k_0 and with later keys."""
+
+    first: Float[Tensor, "batch layer head"]
+    rest: Float[Tensor, "batch layer head"]
+
+    @classmethod
+    def merge(cls, parts: Sequence[KeyBiasCosine]) -> KeyBiasCosine:
+        return cls(torch.cat([p.first for p in parts]), torch.cat([p.rest for p in parts]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key_bias_cosine": {"first": rounded_list(self.first.double().mean(0)),
+                                    "rest": rounded_list(self.rest.double().mean(0))}}
+
+
+def key_bias_cosine(cache: CacheLike) -> KeyBiasCosine:
+    """Mean cos(q_i, k_0) and mean cos(q_i, k_{0<j<=i}) over queries i > 0."""
+    q_name, k_name = qk_hooks_in(cache)
+    q = stacked(cache, q_name).float()  # [layer, batch, pos, head, d_head]
+    k = stacked(cache, k_name).float()  # [layer, batch, pos, kv_head, d_head]
+    n_heads, n_kv = q.shape[3], k.shape[3]
+    if n_heads % n_kv:
+        raise BadInputError(f"{n_heads} query heads do not share {n_kv} KV heads evenly.")
+    k = k.repeat_interleave(n_heads // n_kv, dim=3)
+    cos = torch.einsum("lbihd,lbjhd->lbhij", F.normalize(q, dim=-1), F.normalize(k, dim=-1))
+    n_pos = cos.shape[-1]
+    if n_pos < 2:
+        raise BadInputError("key-bias cosine needs at least two positions.")
+    first = cos[..., 1:, 0].mean(-1)
+    seen = torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool, device=cos.device))
+    seen[:, 0] = False
+    seen = seen[1:]  # queries i > 0, keys 0 < j <= i
+    rest = (cos[..., 1:, :] * seen).sum(-1) / seen.sum(-1)
+    rest = rest.mean(-1)
+    return KeyBiasCosine(first.transpose(0, 1).cpu(), rest.transpose(0, 1).cpu())

@@ -1,0 +1,173 @@
+"""The census, census.json and `mechsink scan`: reproducible, atomic, clear about bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from mechsink.census import SCHEMA, census, census_json, read_census, write_census
+from mechsink.cli import app
+from mechsink.errors import BadInputError
+from mechsink.measure.sinks import sink_scores
+from mechsink.prompts import make_prompts, prompts_from_tokens
+
+SMALL = dict(suites=("random", "repeated"), variants=("bos", "randfirst"), n=3, seq_len=8,
+             batch_size=2)
+
+
+@pytest.fixture(scope="module")
+def small_census(llama_tiny):
+    return census(llama_tiny, seed=5, **SMALL)
+
+
+def test_same_seed_gives_identical_census_json(llama_tiny, small_census, tmp_path):
+    again = census(llama_tiny, seed=5, **SMALL)
+    a = write_census(small_census, tmp_path / "a").read_bytes()
+    b = write_census(again, tmp_path / "b").read_bytes()
+    assert a == b
+    other = census(llama_tiny, seed=6, **SMALL)
+    assert census_json(other) != a.decode()
+
+
+def test_census_json_schema(llama_tiny, small_census, tmp_path):
+    data = read_census(write_census(small_census, tmp_path))
+    assert data["schema"] == SCHEMA
+    assert [r["name"] for r in data["runs"]] == ["random/bos", "random/randfirst",
+                                                "repeated/bos", "repeated/randfirst"]
+    n_layers, n_heads = llama_tiny.cfg.n_layers, llama_tiny.cfg.n_heads
+    for run in data["runs"]:
+        assert len(run["sink_score"]) == n_layers and len(run["sink_score"][0]) == n_heads
+        assert 0.0 <= run["sink_rate"] <= 1.0
+        assert isinstance(run["massive_activations"], list)
+        assert isinstance(run["super_neurons"], list)
+        assert len(run["first_token_norm_ratio"]) == n_layers
+        assert len(run["value_drain"][0]) == 2  # per KV head (llama-tiny: 4 q / 2 kv heads)
+        assert len(run["key_bias_cosine"]["first"][0]) == n_heads
+        assert len(run["variance_discrepancy"]["variance"][0]) == 8
+        ex = run["attention_example"]
+        assert len(ex["tokens"]) == 8 and len(ex["heads"]) == 4
+        assert [len(row) for row in ex["heads"][0]["pattern"]] == list(range(1, 9))
+        assert run["n"] == 3 and run["seq_len"] == 8 and len(run["tokens_sha256"]) == 64
+
+
+def test_census_sink_scores_equal_the_measurement_on_one_forward(llama_tiny, small_census):
+    """Chunking (batch_size=2 over n=3) changes nothing: same numbers as one forward of all."""
+    tokens = make_prompts(llama_tiny, "random", "bos", n=3, seq_len=8, seed=5).tokens
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(llama_tiny.cfg.n_layers)]
+    _, cache = llama_tiny.run_with_cache(tokens, names_filter=names, return_type=None)
+    direct = sink_scores(cache)
+    got = small_census.run("random", "bos").sinks
+    assert got.gu.shape == direct.gu.shape
+    assert (got.gu - direct.gu).abs().max() < 1e-6
+
+
+def test_census_on_given_prompts(gpt2_tiny):
+    import torch
+
+    ids = torch.randint(0, 50000, (2, 6), generator=torch.Generator().manual_seed(0))
+    c = census(gpt2_tiny, prompts=[prompts_from_tokens(gpt2_tiny, ids, name="mine")])
+    assert [r.name for r in c.runs] == ["mine/given"]
+    assert c.settings["suites"] == ["mine"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(suites=("natural", "poetry")), "unknown suite"),
+        (dict(seq_len=300), "longer than the model's context"),
+        (dict(n=0), "positive integer"),
+        (dict(seq_len=0), "at least 2"),
+        (dict(eps=0.0), "eps"),
+        (dict(eps=1.0), "eps"),
+        (dict(batch_size=0), "batch_size"),
+    ],
+)
+def test_census_bad_input_is_a_clear_error(gpt2_tiny, kwargs, match):
+    args = dict(n=2, seq_len=8) | kwargs
+    with pytest.raises(BadInputError, match=match):
+        census(gpt2_tiny, **args)
+
+
+def test_write_census_is_atomic(small_census, tmp_path):
+    target = tmp_path / "out"
+    data = small_census.to_dict()
+    data["runs"][0]["sink_rate"] = float("nan")  # not valid JSON: serialising must fail
+    with pytest.raises(ValueError):
+        write_census(data, target)
+    assert not (target / "census.json").exists()
+    assert not list(tmp_path.rglob("*.part"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BadInputError, match="is a file"):
+        write_census(small_census, tmp_path / "file")
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--suite", "poetry"], "unknown suite"),
+        (["--n", "0"], "positive integer"),
+        (["--seq-len", "0"], "at least 2"),
+        (["--eps", "1.5"], "eps"),
+        (["--eps", "0"], "eps"),
+        (["--seq-len", "300"], "longer than the model's context"),
+    ],
+)
+def test_scan_bad_input_exits_clearly_and_writes_nothing(tmp_path, args, match):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["scan", "random:gpt2-tiny", "--out", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert re.search(match, " ".join(result.output.split()))
+    assert not (out / "census.json").exists()
+
+
+def test_scan_out_is_a_file(tmp_path):
+    f = tmp_path / "taken"
+    f.write_text("not a folder")
+    result = CliRunner().invoke(app, ["scan", "random:gpt2-tiny", "--out", str(f)])
+    assert result.exit_code == 2 and "is a file" in " ".join(result.output.split())
+    assert f.read_text() == "not a folder"
+
+
+def test_scan_writes_census_figures_and_an_offline_report(tmp_path):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, [
+        "scan", "random:llama-tiny", "--out", str(out), "--n", "2", "--seq-len", "8",
+        "--suite", "random", "--suite", "natural", "--variant", "bos", "--variant", "nobos",
+        "--seed", "1",
+    ])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "census.json").read_text())
+    assert [r["name"] for r in data["runs"]] == ["random/bos", "random/nobos", "natural/bos",
+                                                "natural/nobos"]
+    assert data["settings"]["n"] == 2 and data["settings"]["seq_len"] == 8
+    for name in ("sink_scores.png", "magnitudes.png", "norm_ratio.png", "mlp_spikes.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = (out / "attention.html").read_text()
+    assert "CircuitsVis.render(" in page and "var CircuitsVis" in page
+    from mechsink.viz.attention import external_scripts
+
+    assert external_scripts(page) == []
+    assert not re.search(r"<script[^>]*\bsrc=", page)
+    assert "import " not in page.split("<script>")[-1]  # the render calls load nothing
+    index = (out / "index.html").read_text()
+    for link in ("census.json", "attention.html", "sink_scores.png", "magnitudes.png"):
+        assert link in index
+    assert "http://" not in index and "https://" not in index
+    assert "random/bos" in result.output  # the summary table
+
+
+@pytest.mark.slow
+def test_smollm2_census_finds_massive_activations_at_position_0(smollm2):
+    c = census(smollm2, suites=("natural",), variants=("bos",), n=4, seq_len=64, batch_size=4)
+    run = c.run("natural", "bos")
+    by_layer = [a for a in run.massive.activations("layer") if a.position == 0]
+    assert by_layer, "no massive activation at position 0 (layer-median reference)"
+    assert max(a.max_abs for a in by_layer) > 1000
+    assert run.sinks.rate > 0.3
+    assert any(s.position == 0 for s in run.mlp.super_neurons())
