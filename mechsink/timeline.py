@@ -1,0 +1,71 @@
+"""Sink timeline: the sink measurements at every checkpoint of a training run (claim C5 over time).
+
+For each ``step-N`` of a run folder written by :mod:`mechsink.training`, the organism reads the
+same held-out tokens and the census measurements are taken from its cache: Gu's sink rate and
+the largest sink score at key 0, the first-token norm ratio, and the largest residual magnitude.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from mechsink.assets import atomic_write_text
+from mechsink.measure import first_token_norm_ratio, sink_scores
+from mechsink.zoo import load_model
+
+TIMELINE_SCHEMA = "mechsink-timeline/1"
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """The measurements of one checkpoint."""
+
+    step: int
+    loss: float | None  # training loss of the step that produced this checkpoint
+    sink_rate: float  # Gu's version, key 0, eps as given
+    sink_rate_no_self: float
+    max_sink_score: float  # largest mean sink score (queries i > 0) over layers and heads
+    first_token_norm_ratio: float  # largest over layers
+    max_abs_resid: float  # largest |x[l, p, c]| over layers, positions and channels
+
+
+@torch.no_grad()
+def measure_checkpoint(model: Any, tokens: Int[Tensor, "batch pos"], eps: float) -> dict:
+    """The timeline measurements of one model on ``tokens``."""
+    wanted = ("attn.hook_pattern", "hook_resid_post")
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
+    scores = sink_scores(cache, key_pos=0, eps=eps)
+    ratio = first_token_norm_ratio(cache).mean
+    resid = max(cache[n].abs().max().item() for n in cache if n.endswith("hook_resid_post"))
+    return dict(sink_rate=scores.rate, sink_rate_no_self=scores.rate_no_self,
+                max_sink_score=scores.no_self.mean(0).max().item(),
+                first_token_norm_ratio=ratio.max().item(), max_abs_resid=resid)
+
+
+def sink_timeline(run_dir: str | Path, tokens: Int[Tensor, "batch pos"],
+                  eps: float = 0.3) -> list[TimelinePoint]:
+    """Measure every checkpoint of the run in ``run_dir`` on the same ``tokens``."""
+    run_dir = Path(run_dir)
+    run = json.loads((run_dir / "run.json").read_text())
+    points = []
+    for step in run["checkpoints"]:
+        model = load_model(f"organism:{run_dir / f'step-{step}'}", device="cpu")
+        loss = run["losses"][step - 1] if step > 0 else None
+        points.append(TimelinePoint(step=step, loss=loss,
+                                    **measure_checkpoint(model, tokens.to(model.cfg.device), eps)))
+    return points
+
+
+def write_timeline(points: list[TimelinePoint], path: str | Path, **meta: Any) -> Path:
+    """Save a timeline as JSON (schema versioned), atomically."""
+    path = Path(path)
+    data = {"schema": TIMELINE_SCHEMA, **meta, "points": [asdict(p) for p in points]}
+    atomic_write_text(path, json.dumps(data, indent=1))
+    return path

@@ -1,0 +1,46 @@
+"""Figures of training experiments, drawn from their saved JSON (never from a model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _smooth(values: list[float], width: int) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    if width <= 1 or len(v) < width:
+        return v
+    return np.convolve(v, np.ones(width) / width, mode="valid")
+
+
+def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
+    """Loss curves (mean and min-max band over seeds) and sink rate per checkpoint, per arm."""
+    fig, (ax_loss, ax_sink) = plt.subplots(1, 2, figsize=(11, 4))
+    for color, (arm, runs) in zip(("tab:blue", "tab:orange"), result["arms"].items(),
+                                  strict=False):
+        width = max(1, len(runs[0]["losses"]) // 50)
+        curves = np.stack([_smooth(r["losses"], width) for r in runs])
+        steps = np.arange(curves.shape[1]) + width
+        ax_loss.plot(steps, curves.mean(0), color=color, label=arm)
+        ax_loss.fill_between(steps, curves.min(0), curves.max(0), color=color, alpha=0.2)
+        for i, run in enumerate(runs):
+            pts = [p for p in run["timeline"] if p["step"] > 0]
+            ax_sink.plot([p["step"] for p in pts], [p["sink_rate_no_self"] for p in pts],
+                         marker="o", color=color, alpha=0.8, label=arm if i == 0 else None)
+    ax_loss.set(xlabel="step", ylabel="training loss (smoothed)", title="loss, mean and range")
+    ax_sink.set(xscale="log", xlabel="step", ylabel="sink rate (key 0, queries i > 0)",
+                title=f"sink rate, eps = {result['eps']}")
+    for ax in (ax_loss, ax_sink):
+        ax.legend()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,48 @@
+"""Sink timeline over checkpoints, and the C8 twin-organism script end to end (tiny)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mechsink import load_model
+from mechsink.measure import sink_score
+from mechsink.tasks import BigramBackcopy
+from mechsink.timeline import sink_timeline, write_timeline
+from mechsink.training import Recipe, train
+
+TINY = Recipe("tl-tiny", "gpt2", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
+              seq_len=16, batch_size=4, steps=4, lr=1e-2, warmup=2)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_timeline_has_one_point_per_checkpoint_and_matches_direct_measurement(tmp_path):
+    out = train(TINY, tmp_path / "run", seed=0, progress=False)
+    tokens = BigramBackcopy().batch(99, 0, 6, 16)
+    points = sink_timeline(out, tokens)
+    assert [p.step for p in points] == [0, 1, 2, 4]
+    model = load_model(f"organism:{out / 'step-4'}", device="cpu")
+    _, cache = model.run_with_cache(tokens)
+    direct = sink_score(cache["blocks.0.attn.hook_pattern"], include_self=False).mean(0).max()
+    assert abs(points[-1].max_sink_score - direct.item()) < 1e-6
+    assert points[-1].loss == json.loads((out / "run.json").read_text())["losses"][3]
+    saved = json.loads(write_timeline(points, tmp_path / "timeline.json").read_text())
+    assert saved["schema"] == "mechsink-timeline/1" and len(saved["points"]) == 4
+    assert torch.isfinite(torch.tensor([p.first_token_norm_ratio for p in points])).all()
+
+
+def test_headwise_rmsnorm_script_runs_end_to_end(tmp_path):
+    out = tmp_path / "c8"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "headwise_rmsnorm.py"),
+                    "--out", str(out), "--steps", "3", "--seeds", "0", "1"],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    assert result["schema"] == "mechsink-c8/1"
+    assert set(result["arms"]) == {"bb-gpt2-tiny", "bb-gpt2-tiny+hwrms"}
+    assert result["verdict"] in {"supported", "not supported", "mixed"}
+    assert (out / "twins.png").stat().st_size > 10_000
+    assert "Verdict" in (out / "summary.md").read_text()
