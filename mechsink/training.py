@@ -81,7 +81,9 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
-        Recipe("bb-gpt2-tiny", "gpt2", n_layers=2, d_model=64, n_heads=4, data="bigram-backcopy"),
+        # The sink-forming recipe: layer-0 heads reach sink scores 0.3-0.7 by step 6000.
+        Recipe("bb-gpt2-tiny", "gpt2", n_layers=2, d_model=64, n_heads=4, data="bigram-backcopy",
+               steps=6000),
         Recipe("bb-llama-tiny", "llama", n_layers=2, d_model=64, n_heads=4,
                data="bigram-backcopy"),
         Recipe("text-gpt2-mini", "gpt2", n_layers=4, d_model=128, n_heads=4, data="text",

@@ -1,0 +1,184 @@
+"""Declared interventions: name a site and what to do there; mechsink writes the hook.
+
+An :class:`Intervention` is a hook name, a function of (activation, hook) and a one-line
+description. :func:`applied` installs a list of them for the duration of a ``with`` block and
+always removes them afterwards, also when the block raises. Builders here cover the edits the
+sink papers make:
+
+- :func:`ablate`: zero, mean or scale ablation of heads, neurons, channels, positions;
+- :func:`attend_only_to_self`: make query position ``k`` attend only to itself (a second
+  "position 0"; seeds/002);
+- :func:`scale_tokens`: multiply chosen tokens' residual stream by a factor (norm/variance);
+- :func:`remove_query_bias` and :func:`rotate_keys`: the GPT-2 query-bias ablations (seeds/001b).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mechsink.errors import BadInputError
+
+HookFn = Callable[[Tensor, Any], Tensor]
+
+# hook suffix -> which axis holds heads / neurons / channels (after batch, pos)
+_UNIT_AXIS = {
+    "attn.hook_z": "head", "attn.hook_q": "head", "attn.hook_k": "head", "attn.hook_v": "head",
+    "mlp.hook_post": "neuron", "hook_resid_pre": "channel", "hook_resid_mid": "channel",
+    "hook_resid_post": "channel", "hook_attn_out": "channel", "hook_mlp_out": "channel",
+}
+
+
+@dataclass(frozen=True)
+class Intervention:
+    """One hook-level edit: where, what, and a line saying so."""
+
+    hook: str
+    fn: HookFn
+    description: str
+
+
+@contextmanager
+def applied(model: Any, interventions: Sequence[Intervention]) -> Iterator[Any]:
+    """Run the block with the interventions installed; they are removed however it ends."""
+    hooks = [(i.hook, i.fn) for i in interventions]
+    with model.hooks(fwd_hooks=hooks):
+        yield model
+
+
+def _check_layer(model: Any, layer: int) -> None:
+    if not 0 <= layer < model.cfg.n_layers:
+        raise BadInputError(
+            f"layer {layer} is out of range: the model has layers 0..{model.cfg.n_layers - 1}."
+        )
+
+
+def _n_units(model: Any, site: str) -> int:
+    """How many heads / neurons / channels ``site`` has (KV heads for k and v)."""
+    from mechsink.bridge import n_kv_heads
+
+    if site in ("attn.hook_k", "attn.hook_v"):
+        return n_kv_heads(model)
+    if site.startswith("attn."):
+        return int(model.cfg.n_heads)
+    return int(model.cfg.d_mlp if site == "mlp.hook_post" else model.cfg.d_model)
+
+
+def ablate(
+    model: Any,
+    site: str,
+    layer: int,
+    *,
+    mode: str = "zero",
+    scale: float = 0.0,
+    units: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+) -> Intervention:
+    """Zero, mean or scale ablation at ``blocks.{layer}.{site}``.
+
+    ``units`` picks heads (attention sites; KV heads for k and v), neurons (``mlp.hook_post``)
+    or channels (residual and output sites); ``positions`` picks sequence positions. ``mean``
+    replaces the chosen entries by their mean over the sequence's unchosen positions (a
+    within-sequence mean: no reference data set needed); ``scale`` multiplies them by ``scale``.
+    """
+    if site not in _UNIT_AXIS:
+        raise BadInputError(f"unknown site {site!r}: choose one of {', '.join(_UNIT_AXIS)}.")
+    if mode not in ("zero", "mean", "scale"):
+        raise BadInputError(f"unknown ablation mode {mode!r}: use zero, mean or scale.")
+    _check_layer(model, layer)
+    n_units = _n_units(model, site)
+    if units is not None and not all(0 <= u < n_units for u in units):
+        raise BadInputError(f"{_UNIT_AXIS[site]} index out of range in {list(units)}: "
+                            f"blocks.{layer}.{site} has {n_units}.")
+    if mode == "mean" and positions is None:
+        raise BadInputError("a mean ablation needs positions= (the mean is over the others).")
+
+    def fn(act: Tensor, hook: Any) -> Tensor:
+        n_pos = act.shape[1]
+        on_pos = torch.zeros(n_pos, dtype=torch.bool, device=act.device)
+        on_pos[slice(None) if positions is None else list(positions)] = True
+        on_unit = torch.zeros(n_units, dtype=torch.bool, device=act.device)
+        on_unit[slice(None) if units is None else list(units)] = True
+        chosen = (on_pos[:, None] & on_unit[None, :]).reshape(
+            1, n_pos, n_units, *([1] * (act.dim() - 3)))
+        if mode == "zero":
+            replacement = torch.zeros_like(act)
+        elif mode == "scale":
+            replacement = act * scale
+        else:
+            replacement = act[:, ~on_pos].mean(dim=1, keepdim=True).expand_as(act)
+        return torch.where(chosen, replacement, act)
+
+    what = f"{mode} ablation" + (f" x{scale}" if mode == "scale" else "")
+    where = f"{_UNIT_AXIS[site]}s {list(units)}" if units is not None else "all units"
+    pos = list(positions) if positions is not None else "all"
+    return Intervention(f"blocks.{layer}.{site}", fn,
+                        f"{what} of {where} at positions {pos}, blocks.{layer}.{site}")
+
+
+def attend_only_to_self(
+    model: Any, layers: Sequence[int], key_pos: int, heads: Sequence[int] | None = None
+) -> list[Intervention]:
+    """Query ``key_pos`` attends only to itself in the chosen layers/heads (pattern row one-hot).
+
+    Equivalent to masking every other key for that query: the softmax of a row whose only
+    allowed key is ``k`` is one-hot on ``k``.
+    """
+    head_list = None if heads is None else list(heads)
+    out = []
+    for layer in layers:
+        _check_layer(model, layer)
+
+        def fn(pattern: Tensor, hook: Any) -> Tensor:
+            if key_pos >= pattern.shape[-1]:
+                raise BadInputError(f"key_pos {key_pos} is outside the sequence.")
+            edited = pattern.clone()
+            h = slice(None) if head_list is None else head_list
+            edited[:, h, key_pos, :] = 0.0
+            edited[:, h, key_pos, key_pos] = 1.0
+            return edited
+
+        out.append(Intervention(f"blocks.{layer}.attn.hook_pattern", fn,
+                                f"layer {layer}: query {key_pos} attends only to itself"))
+    return out
+
+
+def scale_tokens(model: Any, layer: int, positions: Sequence[int], factor: float) -> Intervention:
+    """Multiply the residual stream entering ``layer`` at ``positions`` by ``factor``."""
+    return ablate(model, "hook_resid_pre", layer, mode="scale", scale=factor, positions=positions)
+
+
+def remove_query_bias(model: Any, layer: int) -> Intervention:
+    """Subtract ``b_Q`` from every query of ``layer`` (its attention then has no query bias)."""
+    _check_layer(model, layer)
+    b_q = model.b_Q[layer].detach()
+
+    def fn(q: Tensor, hook: Any) -> Tensor:
+        return q - b_q.to(q.dtype)
+
+    return Intervention(f"blocks.{layer}.attn.hook_q", fn, f"layer {layer}: query bias removed")
+
+
+def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
+    """Replace ``W_K`` by ``W_K R`` with a random orthogonal ``R`` per head (``b_K`` kept).
+
+    Keeps each key's norm but destroys the alignment between ``W_K`` and ``W_Q``.
+    """
+    _check_layer(model, layer)
+    b_k = model.b_K[layer].detach() if getattr(model, "b_K", None) is not None else None
+    d_head = model.cfg.d_head
+    gen = torch.Generator().manual_seed(seed)
+    n_kv = model.W_K.shape[1]
+    rot = torch.linalg.qr(torch.randn(n_kv, d_head, d_head, generator=gen))[0]
+
+    def fn(k: Tensor, hook: Any) -> Tensor:
+        bias = 0.0 if b_k is None else b_k.to(k.dtype)
+        return torch.einsum("bphe,hef->bphf", k - bias, rot.to(k.dtype)) + bias
+
+    return Intervention(f"blocks.{layer}.attn.hook_k", fn,
+                        f"layer {layer}: W_K rotated by a random orthogonal matrix (seed {seed})")
