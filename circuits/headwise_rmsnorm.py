@@ -17,7 +17,7 @@ from pathlib import Path
 from mechsink.assets import atomic_write_text
 from mechsink.timeline import sink_timeline
 from mechsink.training import HWRMS_SUFFIX, get_recipe, train
-from mechsink.viz.training import plot_twins
+from mechsink.viz.experiments import plot_twins
 
 SCHEMA = "mechsink-c8/1"
 HELD_OUT_SEED = 10_000  # data seed of the measurement batch: never seen in training

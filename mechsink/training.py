@@ -111,6 +111,18 @@ def get_recipe(name: str) -> Recipe:
     return recipe
 
 
+def task_of(model_name: str) -> BigramBackcopy | None:
+    """The synthetic task of an ``organism:...`` model (None for text organisms and others)."""
+    from mechsink.zoo import organism_folder
+
+    if not model_name.startswith("organism:"):
+        return None
+    marker = organism_folder(model_name.removeprefix("organism:")) / "mechsink.json"
+    name = json.loads(marker.read_text()).get("recipe", "") if marker.is_file() else ""
+    recipe = RECIPES.get(name.removesuffix(HWRMS_SUFFIX))
+    return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None
+
+
 def checkpoint_steps(total: int) -> list[int]:
     """Log-spaced checkpoint steps: 0 (the initialisation), 1, 2, 4, ..., and the last step."""
     steps = {0, total}

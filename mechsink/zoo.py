@@ -174,7 +174,7 @@ def _load_hf(name: str, *, seed: int, dtype: torch.dtype) -> tuple[nn.Module, An
     if prefix == "hf" and rest:
         return _from_hub_or_folder(rest, dtype)
     if prefix == "organism" and rest:
-        return load_organism_hf(Path(rest), dtype)
+        return load_organism_hf(organism_folder(rest), dtype)
     raise UnknownModelError(
         f"unknown model {name!r}. Known names: {', '.join(known_names())}. "
         "Run `mechsink models` for the list."
@@ -391,6 +391,18 @@ def save_organism(
     return folder
 
 
+BUNDLED_ORGANISMS = Path(__file__).parent / "organisms"
+
+
+def organism_folder(ref: str) -> Path:
+    """The folder of ``organism:<ref>``: a path, or the name of an organism shipped with mechsink
+    (``mechsink/organisms/<name>``, each with the command that reproduces it)."""
+    path = Path(ref)
+    if not path.exists() and (BUNDLED_ORGANISMS / ref / _MARKER).is_file():
+        return BUNDLED_ORGANISMS / ref
+    return path
+
+
 def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
     """The (transformers model, tokenizer) of an organism folder, after checking it is one."""
     marker = folder / _MARKER
@@ -435,6 +447,9 @@ class _atomic_dir:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             try:
+                mask = os.umask(0)
+                os.umask(mask)
+                os.chmod(self.tmp, 0o777 & ~mask)  # mkdtemp makes 0700: give normal permissions
                 os.replace(self.tmp, self.target)
                 return
             except OSError:

@@ -46,3 +46,27 @@ def test_headwise_rmsnorm_script_runs_end_to_end(tmp_path):
     assert result["verdict"] in {"supported", "not supported", "mixed"}
     assert (out / "twins.png").stat().st_size > 10_000
     assert "Verdict" in (out / "summary.md").read_text()
+
+
+def test_bundled_organism_loads_by_name_and_has_its_sinks():
+    from mechsink.measure import sink_scores
+    from mechsink.training import task_of
+
+    model = load_model("organism:bb-gpt2-tiny", device="cpu")
+    task = task_of("organism:bb-gpt2-tiny")
+    assert isinstance(task, BigramBackcopy)
+    _, cache = model.run_with_cache(task.batch(10_000, 0, 16, 64))
+    scores = sink_scores(cache).no_self.mean(0)
+    assert (scores[0] > 0.5).sum() >= 2  # the README's layer-0 sink heads
+
+
+def test_query_bias_script_runs_end_to_end(tmp_path):
+    out = tmp_path / "c6"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "gpt2_query_bias.py"),
+                    "--out", str(out), "--n", "4", "--seq-len", "24", "--top", "2"],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    assert result["schema"] == "mechsink-c6/1" and len(result["sink_heads"]) == 2
+    assert set(result["ablations"]) == {"no query bias", "W_K rotated",
+                                        "layer-0 MLP at pos 0 mean-ablated"}
+    assert (out / "ablations.png").is_file() and "verdict" in (out / "summary.md").read_text()

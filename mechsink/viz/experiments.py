@@ -1,4 +1,4 @@
-"""Figures of training experiments, drawn from their saved JSON (never from a model)."""
+"""Figures of the circuits experiments, drawn from their saved JSON (never from a model)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,28 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     for ax in (ax_loss, ax_sink):
         ax.legend()
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
+    """Sink score of each sink head: baseline and after each ablation (grouped bars)."""
+    heads = result["sink_heads"]
+    arms = ["baseline", *result["ablations"]]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(heads), 3.8))
+    width = 0.8 / len(arms)
+    for k, arm in enumerate(arms):
+        values = [h["sink_score"] if arm == "baseline" else result["ablations"][arm]["per_head"][i]
+                  for i, h in enumerate(heads)]
+        ax.bar(np.arange(len(heads)) + k * width, values, width, label=arm)
+    ax.set_xticks(np.arange(len(heads)) + 0.4 - width / 2,
+                  [f"L{h['layer']}H{h['head']}" for h in heads])
+    ax.set(ylabel="sink score (key 0, queries i > 0)", title=result["model"], ylim=(0, 1))
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=120)
