@@ -70,3 +70,13 @@ def test_query_bias_script_runs_end_to_end(tmp_path):
     assert set(result["ablations"]) == {"no query bias", "W_K rotated",
                                         "layer-0 MLP at pos 0 mean-ablated"}
     assert (out / "ablations.png").is_file() and "verdict" in (out / "summary.md").read_text()
+
+
+def test_sink_timeline_script_runs_end_to_end(tmp_path):
+    run = train("bb-gpt2-tiny", tmp_path / "run", steps=2, progress=False)
+    out = tmp_path / "timeline"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "sink_timeline.py"), "--run", str(run),
+                    "--out", str(out), "--n", "4"], check=True, capture_output=True, text=True)
+    saved = json.loads((out / "timeline.json").read_text())
+    assert [p["step"] for p in saved["points"]] == [0, 1, 2]
+    assert (out / "timeline.png").stat().st_size > 10_000

@@ -66,3 +66,24 @@ def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
+    """Sink rate, first-token norm ratio, largest residual value and loss against step."""
+    pts = [p for p in timeline["points"] if p["step"] > 0]
+    steps = [p["step"] for p in pts]
+    panels = [("sink_rate_no_self", "sink rate (key 0, i > 0)"),
+              ("first_token_norm_ratio", "first-token norm ratio (max over layers)"),
+              ("max_abs_resid", "largest |residual| value"),
+              ("loss", "training loss")]
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ax.plot(steps, [p[key] for p in pts], marker="o")
+        ax.set(xscale="log", xlabel="step", title=label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(timeline.get("run", ""))
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
