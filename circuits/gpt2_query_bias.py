@@ -20,10 +20,11 @@ import torch
 
 from mechsink import load_model
 from mechsink.assets import atomic_write_text
+from mechsink.bridge import norm_params
 from mechsink.interventions import ablate, applied, remove_query_bias, rotate_keys
 from mechsink.measure import sink_scores
 from mechsink.prompts import make_prompts
-from mechsink.query_bias import split_attention_logits
+from mechsink.query_bias import delta_attribution, residual_components, split_attention_logits
 from mechsink.training import task_of
 from mechsink.viz.experiments import plot_ablations
 
@@ -48,9 +49,14 @@ def head_scores(model, tokens, interventions=()) -> torch.Tensor:
 
 
 @torch.no_grad()
-def key0_advantage(model, tokens, layer: int, head: int) -> dict[str, float]:
-    """How much Delta and the rest favour key 0 over the other keys (logit units)."""
-    _, cache = model.run_with_cache(tokens, names_filter=f"blocks.{layer}.ln1.hook_out")
+def key0_advantage(model, tokens, layer: int, head: int) -> dict:
+    """How much Delta and the rest favour key 0 over the other keys (logit units), and which
+    residual pieces (token / position embedding, earlier outputs) make up Delta_0."""
+    _, cache = model.run_with_cache(tokens)
+    w, b = norm_params(model, layer)
+    parts = delta_attribution(residual_components(cache, layer),
+                              cache[f"blocks.{layer}.ln1.hook_scale"], w, b,
+                              model.W_K[layer], model.b_Q[layer])
     split = split_attention_logits(cache[f"blocks.{layer}.ln1.hook_out"], model.W_Q[layer],
                                    model.b_Q[layer], model.W_K[layer], model.b_K[layer])
     delta, rest = split.delta[:, head], split.rest[:, head]  # [b, key], [b, query, key]
@@ -58,7 +64,8 @@ def key0_advantage(model, tokens, layer: int, head: int) -> dict[str, float]:
     causal = torch.ones(t, t).tril().bool()[1:, 1:]  # keys 1..i for queries 1..T-1
     rest_others = (rest[:, 1:, 1:] * causal).sum(-1) / causal.sum(-1)
     return {"delta_key0_minus_rest": (delta[:, 0] - delta[:, 1:].mean(-1)).mean().item(),
-            "content_key0_minus_rest": (rest[:, 1:, 0] - rest_others).mean().item()}
+            "content_key0_minus_rest": (rest[:, 1:, 0] - rest_others).mean().item(),
+            "delta0_parts": {k: v[:, head].mean().item() for k, v in parts.items()}}
 
 
 def main() -> None:
@@ -109,6 +116,12 @@ def main() -> None:
     for h in result["sink_heads"]:
         lines.append(f"| L{h['layer']}H{h['head']} | {h['sink_score']:.3f} | "
                      f"{h['delta_key0_minus_rest']:+.3f} | {h['content_key0_minus_rest']:+.3f} |")
+    names = list(result["sink_heads"][0]["delta0_parts"])
+    lines += ["", "Delta_0 split over the residual pieces at position 0 (LayerNorm scale frozen):",
+              "", "| head | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for h in result["sink_heads"]:
+        lines.append(f"| L{h['layer']}H{h['head']} | "
+                     + " | ".join(f"{h['delta0_parts'][k]:+.3f}" for k in names) + " |")
     lines += ["", "| ablation | sink score per head after | fraction kept | verdict |",
               "|---|---|---|---|"]
     for name, a in result["ablations"].items():

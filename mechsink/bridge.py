@@ -393,3 +393,11 @@ def write_in_place(act: Tensor, new: Tensor) -> Tensor:
     if not (act.requires_grad and act.is_leaf):
         act.copy_(new)
     return new
+
+
+def norm_params(model: Any, layer: int, which: str = "ln1") -> tuple[Tensor, Tensor | None]:
+    """Gain and bias of a block's normalisation (``ln1`` before attention, ``ln2`` before the
+    MLP); the bias is None for RMSNorm."""
+    norm = getattr(model.blocks[layer], which)
+    bias = getattr(norm, "b", None)
+    return norm.w, bias

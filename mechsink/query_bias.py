@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -47,3 +48,40 @@ def split_attention_logits(
     content = torch.einsum("bhqe,bhke->bhqk", q_lin, k_lin)
     query_only = torch.einsum("bhqe,he->bhq", q_lin + b_Q[None, :, None], b_K)
     return LogitSplit(delta=delta, rest=(content + query_only[..., None]) / scale)
+
+
+def residual_components(cache: Any, layer: int) -> dict[str, Tensor]:
+    """The named pieces whose sum is the residual stream entering ``layer`` (GPT-2 style):
+    token embedding, position embedding, and every earlier attention and MLP output."""
+    parts = {"token embedding": cache["hook_embed"], "position embedding": cache["hook_pos_embed"]}
+    for earlier in range(layer):
+        parts[f"attn {earlier} out"] = cache[f"blocks.{earlier}.hook_attn_out"]
+        parts[f"mlp {earlier} out"] = cache[f"blocks.{earlier}.hook_mlp_out"]
+    return parts
+
+
+def delta_attribution(
+    parts: dict[str, Float[Tensor, "batch pos d_model"]],
+    scale: Float[Tensor, "batch pos 1"],
+    ln_w: Float[Tensor, " d_model"],
+    ln_b: Float[Tensor, " d_model"] | None,
+    W_K: Float[Tensor, "head d_model d_head"],
+    b_Q: Float[Tensor, "head d_head"],
+    position: int = 0,
+) -> dict[str, Float[Tensor, "batch head"]]:
+    """Split ``Delta`` at one key position over the residual pieces, LayerNorm scale frozen.
+
+    With the normalisation's scale held at its real value, LayerNorm is linear in its input:
+    piece ``c`` contributes ``b_Q . (((c - mean c) / scale * w) W_K) / sqrt(d_head)``; the
+    LayerNorm bias contributes the rest. The contributions sum to ``Delta`` exactly.
+    """
+    root = math.sqrt(W_K.shape[-1])
+    keys_of_bq = torch.einsum("hde,he->hd", W_K, b_Q) / root  # b_Q W_K^T per head: [head, d]
+    out = {}
+    for name, piece in parts.items():
+        c = piece[:, position]
+        c = (c - c.mean(-1, keepdim=True)) / scale[:, position] * ln_w
+        out[name] = c @ keys_of_bq.T
+    if ln_b is not None:
+        out["LayerNorm bias"] = (ln_b @ keys_of_bq.T).expand(len(scale), -1)
+    return out

@@ -27,3 +27,26 @@ def test_split_sums_to_the_real_attention_scores():
         torch.testing.assert_close(split.total()[..., causal], scores[..., causal],
                                    atol=1e-5, rtol=1e-5)
         assert split.delta.abs().max() > 1e-2  # the query-bias term is really there
+
+
+def test_delta_attribution_sums_to_delta():
+    from mechsink.bridge import norm_params
+    from mechsink.query_bias import delta_attribution, residual_components
+
+    hf, tok = random_hf_model("gpt2-tiny", seed=1)
+    with torch.no_grad():
+        for block in hf.transformer.h:
+            block.attn.c_attn.bias.normal_(0.0, 0.5)
+            block.ln_1.bias.normal_(0.0, 0.3)
+    model = wrap_hf(hf, tok, name="random:gpt2-tiny+biases")
+    tokens = to_tokens(model, "Position zero carries the sink in GPT-2.", prepend_bos=True)
+    _, cache = model.run_with_cache(tokens)
+    layer = 1
+    w, b = norm_params(model, layer)
+    parts = delta_attribution(residual_components(cache, layer),
+                              cache[f"blocks.{layer}.ln1.hook_scale"], w, b,
+                              model.W_K[layer], model.b_Q[layer])
+    assert set(parts) >= {"token embedding", "position embedding", "mlp 0 out", "LayerNorm bias"}
+    split = split_attention_logits(cache[f"blocks.{layer}.ln1.hook_out"], model.W_Q[layer],
+                                   model.b_Q[layer], model.W_K[layer], model.b_K[layer])
+    torch.testing.assert_close(sum(parts.values()), split.delta[:, :, 0], atol=1e-5, rtol=1e-5)
