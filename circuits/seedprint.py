@@ -37,19 +37,19 @@ from mechsink.training import train
 SCHEMA = "mechsink-c7/1"
 
 
-def preference_grid(depths: list[int], n: int, seq_len: int) -> list[dict]:
+def preference_grid(size: str, depths: list[int], n: int, seq_len: int) -> list[dict]:
     rows = []
     for family, depth, scheme in itertools.product(("gpt2", "llama"), depths, INIT_SCHEMES):
-        model = init_model(f"{family}-mini", seed=0, scheme=scheme, n_layers=depth)
+        model = init_model(f"{family}-{size}", seed=0, scheme=scheme, n_layers=depth)
         pref = token_preference(last_logits(model, random_tokens(model, n, seq_len, seed=1)))
         rows.append({"family": family, "n_layers": depth, "scheme": scheme, **pref.to_dict()})
     return rows
 
 
-def contraction(n: int, seq_len: int, seeds: list[int]) -> list[dict]:
+def contraction(size: str, n: int, seq_len: int, seeds: list[int]) -> list[dict]:
     rows = []
     for family in ("gpt2", "llama"):
-        models = {s: init_model(f"{family}-mini", seed=s) for s in seeds}
+        models = {s: init_model(f"{family}-{size}", seed=s) for s in seeds}
         dirs, fractions = {}, {}
         for s, model in models.items():
             states = final_states(model, random_tokens(model, n, seq_len, seed=100))
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--recipe", default="bb-llama-tiny")
     parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--size", default="mini", help="random-model size for parts 1 and 2")
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--k", type=int, default=32)
@@ -101,14 +102,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     result = {"schema": SCHEMA, "n": args.n, "seq_len": 32,
-              "token_preference": preference_grid(args.depths, args.n, 32),
-              "contraction": contraction(args.n, 32, seeds=[0, 1, 2]),
+              "token_preference": preference_grid(args.size, args.depths, args.n, 32),
+              "contraction": contraction(args.size, args.n, 32, seeds=[0, 1, 2]),
               "seedprint": seedprint_pairs(args.out, args.recipe, args.steps, [0, 1, 2], args.k)}
     atomic_write_text(args.out / "result.json", json.dumps(result, indent=1))
 
     lines = ["# C7: structure at initialisation and SeedPrint", "",
-             f"Random input: {args.n} sequences of 32 ordinary tokens; `*-mini` configs "
-             "(d_model 256) with the depth overridden.", "",
+             f"Random input: {args.n} sequences of 32 ordinary tokens; `random:*-{args.size}` "
+             "configs with the depth overridden.", "",
              "| family | layers | init | max p | median p | max/median | top token |",
              "|---|---|---|---|---|---|---|"]
     for r in result["token_preference"]:

@@ -80,3 +80,14 @@ def test_sink_timeline_script_runs_end_to_end(tmp_path):
     saved = json.loads((out / "timeline.json").read_text())
     assert [p["step"] for p in saved["points"]] == [0, 1, 2]
     assert (out / "timeline.png").stat().st_size > 10_000
+
+
+def test_seedprint_script_runs_end_to_end(tmp_path):
+    out = tmp_path / "c7"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "seedprint.py"), "--out", str(out),
+                    "--size", "tiny", "--depths", "1", "--n", "8", "--k", "8", "--steps", "2"],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    assert len(result["token_preference"]) == 2 * 3  # families x init schemes
+    assert len(result["seedprint"]["pairs"]) == 15  # 6 organisms
+    assert 0 <= result["seedprint"]["false_positive_rate"] <= 1
