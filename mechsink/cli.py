@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -68,6 +70,146 @@ def info(
     tok = bridge.tokenizer
     console.print(f"[bold]prompt[/] ({'with' if prepend_bos else 'without'} BOS): {prompt!r}")
     console.print(f"[bold]greedy continuation[/]: {tok.decode(out[0, ids.shape[1]:])!r}")
+
+
+@app.command()
+def scan(
+    model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:llama-tiny"),
+    out: str = typer.Option(..., "--out", help="folder for census.json, figures, index.html"),
+    suite: list[str] | None = typer.Option(
+        None, "--suite", help="natural, random, repeated (repeat the option; default: all)"),
+    variant: list[str] | None = typer.Option(
+        None, "--variant", help="bos, nobos, randfirst (repeat the option; default: all)"),
+    n: int = typer.Option(32, "--n", help="sequences per suite and variant"),
+    seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence (T)"),
+    eps: float = typer.Option(0.3, help="sink-rate threshold on the sink score, in (0, 1)"),
+    seed: int = typer.Option(0, help="seed of the inputs (and the weights of random:... models)"),
+    batch_size: int = typer.Option(8, "--batch-size", help="sequences per forward pass"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
+    report: bool = typer.Option(True, help="also write figures, attention.html and index.html"),
+) -> None:
+    """Sink census: sink scores and rates, massive activations, super neurons, norm ratios,
+    value drain, key-bias cosine, dormant heads and variance discrepancy on every input suite;
+    writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from mechsink.census import census, check_census_args, check_out_dir, summary_rows
+    from mechsink.census import write_census as write_json
+    from mechsink.measure.sinks import check_eps
+    from mechsink.prompts import SUITES, VARIANTS, check_suite_args
+    from mechsink.zoo import load_model
+
+    suites, variants = list(suite or SUITES), list(variant or VARIANTS)
+    try:  # every check that needs no model, before loading one
+        check_suite_args(suites, variants, n, seq_len)
+        check_eps(eps)
+        folder = check_out_dir(out)
+        with console.status(f"loading {model}"):
+            bridge = load_model(model, device=device, dtype=dtype,
+                                seed=seed if model.startswith("random:") else None)
+        check_census_args(bridge, suites, variants, n, seq_len, eps, batch_size)
+    except MechsinkError as exc:
+        fail(exc)
+    runs = len(suites) * len(variants)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task("census", total=runs * n)
+
+        def progress(name: str, done: int, total: int) -> None:
+            bar.update(task, description=f"census {name}", advance=min(batch_size, total))
+
+        result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
+                        batch_size=batch_size, model_name=model, progress=progress)
+        data = result.to_dict()
+        path = write_json(result, folder)
+    written = [path]
+    if report:
+        from mechsink.viz import write_report
+
+        with console.status("writing figures and pages"):
+            written += write_report(data, folder)
+    table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
+    table.add_column("input", no_wrap=True)
+    for col in ("sink rate (Gu / i>0)", "massive: token med. | layer med. (channels, layers)",
+                "super neurons L:neuron->ch", "norm ratio 0/rest"):
+        table.add_column(col)
+    for row in summary_rows(data):
+        tok_m, lay_m = row["massive"], row["massive_layer_median"]
+        both = lay_m if lay_m["count"] else tok_m
+        where = (f" (ch {','.join(map(str, both['channels'][:3]))}; "
+                 f"L{both['layers'][0]}-{both['layers'][1]})" if both["count"] else "")
+        sn = " ".join(f"{a}:{b}->{c}" for a, b, c in row["super_neurons"][:4]) or "none"
+        lo, hi = row["norm_ratio_range"] or (float("nan"), float("nan"))
+        table.add_row(row["run"], f"{row['sink_rate']:.3f} / {row['sink_rate_no_self']:.3f}",
+                      f"{tok_m['count']} | {lay_m['count']}{where}", sn, f"{lo:.3g}..{hi:.3g}")
+    console.print(table)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+    if report:
+        console.print(f"open {folder / 'index.html'} in a browser (works offline)")
+
+
+@app.command()
+def train(
+    recipe: str = typer.Argument(..., help="recipe name, e.g. bb-llama-tiny (add +hwrms)"),
+    out: Path = typer.Option(..., "--out", help="run folder (new, or the run to resume)"),
+    steps: int | None = typer.Option(None, help="number of steps (default: the recipe's)"),
+    seed: int = typer.Option(0, help="seed of the initialisation and of the batches"),
+    resume: bool = typer.Option(False, "--resume", help="continue the run held in --out"),
+) -> None:
+    """Train an organism; checkpoints load as organism:OUT/step-N."""
+    from mechsink import training
+
+    try:
+        folder = training.train(recipe, out, steps=steps, seed=seed, resume=resume)
+    except MechsinkError as exc:
+        fail(exc)
+    console.print(f"checkpoints in {folder}: load them as organism:{folder}/step-N")
+
+
+@app.command()
+def patch(
+    model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
+    clean: str = typer.Option(..., help="clean prompt"),
+    corrupted: str = typer.Option(..., help="corrupted prompt (same number of tokens)"),
+    site: str = typer.Option("resid_pre", help="resid_pre|resid_mid|resid_post|attn_out|mlp_out"
+                             "|z|q|k|v|pattern|neuron, optionally _by_pos / _all_pos"),
+    metric: str = typer.Option("logit_diff", help="logit_diff[:A:B], log_prob:T, kl, "
+                               "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
+    out: Path = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
+    layers: str | None = typer.Option(None, help="comma-separated layers (default: all)"),
+    direction: str = typer.Option("denoise", help="denoise (patch clean into corrupted) or noise"),
+    normalize: bool = typer.Option(False, help="rescale so 0 = run input, 1 = source input"),
+    prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    seed: int | None = typer.Option(None, help="seed for random:... models"),
+) -> None:
+    """Activation-patch SITE between two prompts; write the result JSON and a heatmap."""
+    from mechsink.bridge import to_tokens as _to_tokens
+    from mechsink.patching import activation_patch, parse_metric, parse_site
+    from mechsink.zoo import load_model
+
+    try:
+        with console.status(f"loading {model}"):
+            bridge = load_model(model, device=device, seed=seed)
+        c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
+        x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
+        chosen = None if layers is None else tuple(int(v) for v in layers.split(","))
+        the_site = parse_site(site, layers=chosen)
+        the_metric = parse_metric(metric, bridge, c, x)
+        with console.status(f"patching {the_site.label}"):
+            result = activation_patch(bridge, c, x, the_site, the_metric, direction=direction,
+                                      normalize=normalize)
+    except MechsinkError as exc:
+        fail(exc)
+    except ValueError as exc:  # e.g. --layers not integers
+        fail(MechsinkError(str(exc)))
+    result.meta["model"] = model
+    json_path = result.to_json(out / "patch.json")
+    fig = result.heatmap()
+    fig.savefig(out / "patch.png", dpi=120)
+    console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
+                  f"{result.corrupted_value:.4g}; wrote {json_path} and {out / 'patch.png'}")
 
 
 def main() -> None:  # pragma: no cover - console-script convenience

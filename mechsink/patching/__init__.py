@@ -1,0 +1,29 @@
+"""Patching engine: exact batched activation patching, path patching, attribution patching.
+
+Sites say what to patch, metrics what to measure (logits or sink quantities), and every
+sweep returns a :class:`PatchResult`.
+"""
+
+from mechsink.patching.activation import activation_patch
+from mechsink.patching.metrics import (
+    KLToClean,
+    LogitDiff,
+    LogitsMetric,
+    LogProb,
+    MassiveValue,
+    Metric,
+    Needs,
+    Outputs,
+    ResidNorm,
+    SinkScore,
+    as_metric,
+    parse_metric,
+)
+from mechsink.patching.result import PatchResult
+from mechsink.patching.sites import Site, parse_site
+
+__all__ = [
+    "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric", "Needs",
+    "Outputs", "PatchResult", "ResidNorm", "Site", "SinkScore", "activation_patch",
+    "as_metric", "parse_metric", "parse_site",
+]

@@ -1,0 +1,224 @@
+"""Patch sites: which activation to overwrite, and the grid of patches a sweep over it makes.
+
+A :class:`Site` names a hook kind (``resid_pre``, ``z``, ``pattern``, ``neuron``, ...) and a
+granularity (whole layer/head, or per position). It enumerates its *units*: one patch each,
+an index tuple laid out like ``transformer_lens.patching``'s output (``resid_pre`` by position
+is ``[layer, pos]``, head ``z`` by position is ``[layer, pos, head]``, ...). A site can be
+restricted to chosen layers, heads, positions and neurons.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from mechsink.bridge import n_kv_heads
+from mechsink.errors import BadInputError
+
+# kind -> hook name template ({l} = layer)
+HOOKS: dict[str, str] = {
+    "resid_pre": "blocks.{l}.hook_resid_pre",
+    "resid_mid": "blocks.{l}.hook_resid_mid",
+    "resid_post": "blocks.{l}.hook_resid_post",
+    "attn_out": "blocks.{l}.hook_attn_out",
+    "mlp_out": "blocks.{l}.hook_mlp_out",
+    "z": "blocks.{l}.attn.hook_z",
+    "q": "blocks.{l}.attn.hook_q",
+    "k": "blocks.{l}.attn.hook_k",
+    "v": "blocks.{l}.attn.hook_v",
+    "pattern": "blocks.{l}.attn.hook_pattern",
+    "neuron": "blocks.{l}.mlp.hook_post",
+}
+RESID_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
+HEAD_KINDS = ("z", "q", "k", "v")
+GRANULARITIES = ("all_pos", "by_pos", "dest_src")
+
+# axis layout per (kind family, granularity): matches transformer_lens.patching's outputs
+_AXES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("resid", "all_pos"): ("layer",),
+    ("resid", "by_pos"): ("layer", "pos"),
+    ("head", "all_pos"): ("layer", "head"),
+    ("head", "by_pos"): ("layer", "pos", "head"),
+    ("pattern", "all_pos"): ("layer", "head"),
+    ("pattern", "by_pos"): ("layer", "head", "dest_pos"),
+    ("pattern", "dest_src"): ("layer", "head", "dest_pos", "src_pos"),
+    ("neuron", "all_pos"): ("layer", "neuron"),
+    ("neuron", "by_pos"): ("layer", "pos", "neuron"),
+}
+
+
+def _family(kind: str) -> str:
+    if kind in RESID_KINDS:
+        return "resid"
+    if kind in HEAD_KINDS:
+        return "head"
+    return kind
+
+
+@dataclass(frozen=True)
+class Site:
+    """An activation kind at a granularity, optionally restricted to some indices.
+
+    ``granularity``: ``"by_pos"`` (one patch per position, the default), ``"all_pos"`` (every
+    position at once) or, for ``pattern`` only, ``"dest_src"`` (one patch per query/key pair).
+    ``layers``/``heads``/``positions``/``neurons``: None = all. Negative positions count
+    from the end. On GQA models ``k``/``v`` heads are KV heads.
+    """
+
+    kind: str
+    granularity: str = "by_pos"
+    layers: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = None
+    positions: tuple[int, ...] | None = None
+    neurons: tuple[int, ...] | None = None
+    _resolved: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.kind not in HOOKS:
+            raise BadInputError(
+                f"unknown site {self.kind!r}: choose one of {', '.join(HOOKS)}."
+            )
+        if self.granularity not in GRANULARITIES:
+            raise BadInputError(
+                f"unknown granularity {self.granularity!r}: use by_pos, all_pos or dest_src."
+            )
+        if self.granularity == "dest_src" and self.kind != "pattern":
+            raise BadInputError("granularity 'dest_src' only applies to the 'pattern' site.")
+        for name in ("layers", "heads", "positions", "neurons"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(int(v) for v in value))
+
+    @property
+    def family(self) -> str:
+        """``resid`` (d_model vectors), ``head``, ``pattern`` or ``neuron``."""
+        return _family(self.kind)
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Names of the result's axes, in order."""
+        return _AXES[(self.family, self.granularity)]
+
+    @property
+    def label(self) -> str:
+        """A short name such as ``z_by_pos`` (used in results and file names)."""
+        return f"{self.kind}_{self.granularity}"
+
+    def hook_name(self, layer: int) -> str:
+        """The hook this site patches at ``layer``."""
+        return HOOKS[self.kind].format(l=layer)
+
+    def resolve(self, model: Any, seq_len: int) -> Site:
+        """Check every index against the model and sequence; return a site with full ranges.
+
+        Raises :class:`BadInputError` naming the first out-of-range index.
+        """
+        cfg = model.cfg
+        n_heads = n_kv_heads(model) if self.kind in ("k", "v") else int(cfg.n_heads)
+        head_word = "KV head" if self.kind in ("k", "v") and n_heads != cfg.n_heads else "head"
+        d_mlp = int(cfg.d_mlp or 0)
+        ranges = {
+            "layer": ("layers", int(cfg.n_layers), "layer"),
+            "head": ("heads", n_heads, head_word),
+            "pos": ("positions", seq_len, "position"),
+            "dest_pos": ("positions", seq_len, "position"),
+            "src_pos": ("positions", seq_len, "position"),
+            "neuron": ("neurons", d_mlp, "neuron"),
+        }
+        resolved: dict[str, tuple[int, ...]] = {}
+        needed = set(self.axes)
+        if self.granularity == "all_pos" and self.positions is not None:
+            needed.add("pos")  # all_pos restricted to some positions: patch those together
+        for axis in needed:
+            attr, size, word = ranges[axis]
+            chosen = getattr(self, attr)
+            if chosen is None:
+                resolved[axis] = tuple(range(size))
+                continue
+            if not chosen:
+                raise BadInputError(f"site {self.label}: the list of {attr} is empty.")
+            out = []
+            for v in chosen:
+                w = v + size if axis in ("pos", "dest_pos", "src_pos") and v < 0 else v
+                if not 0 <= w < size:
+                    raise BadInputError(
+                        f"site {self.label}: {word} {v} is out of range (this model/prompt has "
+                        f"{size} {word}s, numbered 0..{size - 1})."
+                    )
+                out.append(w)
+            resolved[axis] = tuple(out)
+        for attr, axis in (("heads", "head"), ("neurons", "neuron")):
+            if getattr(self, attr) is not None and axis not in self.axes:
+                raise BadInputError(f"site {self.label} has no {axis} axis: drop {attr}=.")
+        site = replace(self)
+        object.__setattr__(site, "_resolved", resolved)
+        return site
+
+    def axis_values(self) -> dict[str, tuple[int, ...]]:
+        """Index values along each result axis (after :meth:`resolve`)."""
+        if not self._resolved:
+            raise RuntimeError("call Site.resolve(model, seq_len) first")
+        return {a: self._resolved[a] for a in self.axes}
+
+    def units(self) -> list[tuple[int, ...]]:
+        """Every patch as an index tuple along :attr:`axes` (layer first)."""
+        values = self.axis_values()
+        return list(itertools.product(*(values[a] for a in self.axes)))
+
+    def mask(
+        self, unit: tuple[int, ...], act_shape: Sequence[int]
+    ) -> Bool[Tensor, "..."]:
+        """Boolean mask over one activation (no batch axis) that is True where ``unit`` patches.
+
+        Activation layouts: resid ``[pos, d]``, head ``[pos, head, d_head]``, pattern
+        ``[head, dest, src]``, neuron ``[pos, d_mlp]``.
+        """
+        idx = dict(zip(self.axes, unit, strict=True))
+        m = torch.zeros(tuple(act_shape), dtype=torch.bool)
+        all_pos = self._resolved.get("pos") if self.granularity == "all_pos" else None
+        pos: Any = idx.get("pos", slice(None))
+        if all_pos is not None and self.positions is not None:
+            pos = list(all_pos)
+        fam = self.family
+        if fam == "resid":
+            m[pos] = True
+        elif fam == "head":
+            m[pos, idx["head"]] = True
+        elif fam == "pattern":
+            dest: Any = idx.get("dest_pos", slice(None))
+            if all_pos is not None and self.positions is not None:
+                dest = list(all_pos)
+            m[idx["head"], dest, idx.get("src_pos", slice(None))] = True
+        else:
+            m[pos, idx["neuron"]] = True
+        return m
+
+
+_SITE_RE = re.compile(r"^(?P<kind>[a-z_]+?)(?:[_:@](?P<gran>by_pos|all_pos|all|pos|dest_src))?$")
+
+
+def parse_site(spec: str | Site, **restrict: Any) -> Site:
+    """A :class:`Site` from a string such as ``resid_pre``, ``z_by_pos``, ``z_all_pos``,
+    ``pattern_dest_src`` or ``neuron`` (default granularity: by position)."""
+    if isinstance(spec, Site):
+        return replace(spec, **restrict) if restrict else spec
+    m = _SITE_RE.match(spec.strip().lower())
+    kind = m.group("kind") if m else spec
+    gran = (m.group("gran") if m else None) or "by_pos"
+    gran = {"all": "all_pos", "pos": "by_pos"}.get(gran, gran)
+    kind = {"head": "z", "attn_head": "z", "mlp_post": "neuron", "neurons": "neuron"}.get(
+        kind, kind
+    )
+    if kind not in HOOKS:
+        raise BadInputError(
+            f"unknown site {spec!r}: choose one of {', '.join(HOOKS)}, optionally followed by "
+            "_by_pos, _all_pos or (pattern only) _dest_src."
+        )
+    return Site(kind, gran, **restrict)

@@ -1,0 +1,285 @@
+"""Activation patching: agreement with transformer_lens.patching, metrics, bad input, hooks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformer_lens.patching as tlp
+
+from mechsink.bridge import run_from_layer, to_tokens
+from mechsink.errors import BadInputError
+from mechsink.patching import (
+    KLToClean,
+    LogitDiff,
+    LogProb,
+    MassiveValue,
+    PatchResult,
+    ResidNorm,
+    SinkScore,
+    activation_patch,
+    parse_site,
+)
+
+CLEAN = "When Mary and John went"
+CORRUPTED = "When Tom and John went"
+
+# mechsink site -> transformer_lens.patching function (every site they share)
+SHARED = {
+    "resid_pre": "get_act_patch_resid_pre",
+    "resid_mid": "get_act_patch_resid_mid",
+    "attn_out": "get_act_patch_attn_out",
+    "mlp_out": "get_act_patch_mlp_out",
+    "z": "get_act_patch_attn_head_out_by_pos",
+    "q": "get_act_patch_attn_head_q_by_pos",
+    "k": "get_act_patch_attn_head_k_by_pos",
+    "v": "get_act_patch_attn_head_v_by_pos",
+    "z_all_pos": "get_act_patch_attn_head_out_all_pos",
+    "q_all_pos": "get_act_patch_attn_head_q_all_pos",
+    "k_all_pos": "get_act_patch_attn_head_k_all_pos",
+    "v_all_pos": "get_act_patch_attn_head_v_all_pos",
+    "pattern_all_pos": "get_act_patch_attn_head_pattern_all_pos",
+    "pattern_by_pos": "get_act_patch_attn_head_pattern_by_pos",
+}
+
+
+def logit_metric(logits: torch.Tensor) -> torch.Tensor:
+    """A TransformerLens-style metric: plain callable on logits."""
+    return logits[0, -1, 100] - logits[0, -1, 200]
+
+
+def _pair(model):
+    return (to_tokens(model, CLEAN, prepend_bos=True),
+            to_tokens(model, CORRUPTED, prepend_bos=True))
+
+
+@pytest.fixture(params=["gpt2_tiny", "llama_tiny"])
+def tiny(request):
+    return request.getfixturevalue(request.param)
+
+
+@pytest.mark.parametrize("site", list(SHARED))
+def test_equals_transformer_lens(tiny, site):
+    clean, corrupted = _pair(tiny)
+    with torch.no_grad():
+        _, cache = tiny.run_with_cache(clean)
+        ref = getattr(tlp, SHARED[site])(tiny, corrupted, cache, logit_metric)
+    got = activation_patch(tiny, clean, corrupted, site, logit_metric)
+    assert got.values.shape == ref.shape
+    assert (got.values - ref.double()).abs().max() <= 1e-4
+    assert ref.abs().max() > 1e-3  # the comparison is not trivially zero
+
+
+def test_batch_size_does_not_change_values(llama_tiny):
+    clean, corrupted = _pair(llama_tiny)
+    a = activation_patch(llama_tiny, clean, corrupted, "z", logit_metric, batch_size=1)
+    b = activation_patch(llama_tiny, clean, corrupted, "z", logit_metric, batch_size=7)
+    assert (a.values - b.values).abs().max() <= 1e-5
+
+
+def test_run_from_layer_equals_full_forward(tiny):
+    clean, _ = _pair(tiny)
+    with torch.no_grad():
+        logits, cache = tiny.run_with_cache(clean)
+        for layer in range(tiny.cfg.n_layers):
+            out = run_from_layer(tiny, cache[f"blocks.{layer}.hook_resid_pre"], layer)
+            assert (out - logits).abs().max() <= 1e-5
+
+
+def test_clean_into_clean_gives_clean_metric(tiny):
+    clean, _ = _pair(tiny)
+    res = activation_patch(tiny, clean, clean, "z", LogitDiff(100, 200))
+    assert (res.values - res.clean_value).abs().max() <= 1e-5
+    res = activation_patch(tiny, clean, clean, "resid_pre", SinkScore(1))
+    assert (res.values - res.clean_value).abs().max() <= 1e-6
+
+
+def test_full_layer_patch_recovers_clean(tiny):
+    clean, corrupted = _pair(tiny)
+    res = activation_patch(tiny, clean, corrupted, "resid_pre_all_pos", LogitDiff(100, 200),
+                           normalize=True)
+    assert torch.allclose(res.values[0], torch.tensor(1.0, dtype=torch.float64), atol=1e-4)
+
+
+def test_logit_metrics_match_plain_callables(tiny):
+    clean, corrupted = _pair(tiny)
+
+    def log_prob(lg):
+        return lg[:, -1].log_softmax(-1)[:, 100].mean()
+
+    a = activation_patch(tiny, clean, corrupted, "attn_out", LogProb(100))
+    b = activation_patch(tiny, clean, corrupted, "attn_out", log_prob)
+    assert (a.values - b.values).abs().max() <= 1e-5
+    c = activation_patch(tiny, clean, corrupted, "attn_out", LogitDiff(100, 200))
+    d = activation_patch(tiny, clean, corrupted, "attn_out", logit_metric)
+    assert (c.values - d.values).abs().max() <= 1e-5
+
+
+def test_activation_metrics_match_a_hook_loop(tiny):
+    """Early-stopped sink/massive/norm metrics equal a plain one-forward-per-patch loop."""
+    clean, corrupted = _pair(tiny)
+    metric = SinkScore(1) + 0.5 * MassiveValue(0, 0, 3) - ResidNorm(1, 2)
+    res = activation_patch(tiny, clean, corrupted, "v", metric)
+    with torch.no_grad():
+        _, cache = tiny.run_with_cache(clean)
+        for layer, pos, head in [(0, 2, 1), (1, 0, 0), (0, 4, 1)]:
+            def hook(act, hook, pos=pos, head=head, layer=layer):
+                act[:, pos, head] = cache[f"blocks.{layer}.attn.hook_v"][:, pos, head]
+                return act
+
+            with tiny.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_v", hook)]):
+                _, c2 = tiny.run_with_cache(corrupted)
+            expected = (c2["blocks.1.attn.hook_pattern"][:, :, :, 0].mean(-1).mean()
+                        + 0.5 * c2["blocks.0.hook_resid_post"][0, 0, 3]
+                        - c2["blocks.1.hook_resid_post"][0, 2].norm())
+            assert abs(res.values[layer, pos, head].item() - expected.item()) <= 1e-5
+
+
+def test_kl_to_clean_is_zero_for_clean_patches(gpt2_tiny):
+    clean, corrupted = _pair(gpt2_tiny)
+    res = activation_patch(gpt2_tiny, clean, corrupted, "resid_pre_all_pos", KLToClean())
+    assert res.clean_value == pytest.approx(0.0, abs=1e-6)
+    assert res.corrupted_value > 0
+    assert abs(res.values[0].item()) <= 1e-5
+
+
+def test_neuron_and_dest_src_sites_run(llama_tiny):
+    clean, corrupted = _pair(llama_tiny)
+    from mechsink.patching import Site
+
+    res = activation_patch(llama_tiny, clean, corrupted,
+                           Site("neuron", "by_pos", layers=(0,), neurons=(0, 5, 17)), SinkScore(1))
+    assert res.values.shape == (1, 6, 3)
+    res = activation_patch(llama_tiny, clean, corrupted,
+                           Site("pattern", "dest_src", layers=(1,), heads=(0,)), logit_metric)
+    assert res.values.shape == (1, 1, 6, 6)
+
+
+def test_ablations(llama_tiny):
+    clean, corrupted = _pair(llama_tiny)
+    zero = activation_patch(llama_tiny, clean, corrupted, "z_all_pos", logit_metric,
+                            ablation="zero")
+    mean = activation_patch(llama_tiny, clean, corrupted, "z_all_pos", logit_metric,
+                            ablation="mean", reference=torch.cat([clean, corrupted]))
+    assert zero.values.shape == mean.values.shape == (2, 4)
+    assert not torch.allclose(zero.values, mean.values)
+    with torch.no_grad():  # zero-ablating L1H2 by hand gives the same number
+        def hook(act, hook):
+            act[:, :, 2] = 0.0
+            return act
+
+        expected = logit_metric(llama_tiny.run_with_hooks(
+            corrupted, fwd_hooks=[("blocks.1.attn.hook_z", hook)]))
+    assert abs(zero.values[1, 2].item() - expected.item()) <= 1e-5
+
+
+def test_result_frame_json_heatmap(tmp_path, gpt2_tiny):
+    clean, corrupted = _pair(gpt2_tiny)
+    res = activation_patch(gpt2_tiny, clean, corrupted, "z", logit_metric)
+    frame = res.to_frame()
+    assert len(frame) == res.values.numel()
+    assert {"layer", "pos", "head", "pos_token", "value"} <= set(frame.columns)
+    path = res.to_json(tmp_path / "r.json")
+    back = PatchResult.from_json(path)
+    assert torch.allclose(back.values, res.values) and back.axes == res.axes
+    fig = res.heatmap()
+    fig.savefig(tmp_path / "r.png")
+
+
+# --- bad input and hook hygiene ---------------------------------------------------------
+
+
+def test_shape_mismatch(gpt2_tiny):
+    clean = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    with pytest.raises(BadInputError, match="shapes"):
+        activation_patch(gpt2_tiny, clean, clean[:, :-1], "z", logit_metric)
+
+
+@pytest.mark.parametrize(
+    ("site", "restrict", "message"),
+    [
+        ("nonsense", {}, "unknown site"),
+        ("z", {"layers": (2,)}, "layer 2 is out of range"),
+        ("z", {"heads": (4,)}, "head 4 is out of range"),
+        ("k", {"heads": (2,)}, "KV head 2 is out of range"),
+        ("resid_pre", {"positions": (6,)}, "position 6 is out of range"),
+        ("neuron", {"neurons": (10_000,)}, "neuron 10000 is out of range"),
+    ],
+)
+def test_bad_sites(llama_tiny, site, restrict, message):
+    clean, corrupted = _pair(llama_tiny)
+    with pytest.raises(BadInputError, match=message):
+        activation_patch(llama_tiny, clean, corrupted, parse_site(site, **restrict)
+                         if site != "nonsense" else site, logit_metric)
+
+
+def test_bad_metric_values(gpt2_tiny):
+    clean, corrupted = _pair(gpt2_tiny)
+    with pytest.raises(BadInputError, match="shape"):
+        activation_patch(gpt2_tiny, clean, corrupted, "z", lambda lg: lg[0, -1])
+    with pytest.raises(BadInputError, match="finite"):
+        activation_patch(gpt2_tiny, clean, corrupted, "z", lambda lg: lg.sum() * float("nan"))
+    with pytest.raises(BadInputError, match="layer 7"):
+        activation_patch(gpt2_tiny, clean, corrupted, "z", SinkScore(7))
+
+
+def test_hooks_removed_after_metric_raises_mid_sweep(tiny):
+    clean, corrupted = _pair(tiny)
+    with torch.no_grad():
+        before = tiny(corrupted)
+    calls = {"n": 0}
+
+    def flaky(lg):
+        calls["n"] += 1
+        if calls["n"] > 4:  # after the baselines and a few patches
+            raise RuntimeError("boom")
+        return lg[0, -1, 0]
+
+    with pytest.raises(RuntimeError, match="boom"):
+        activation_patch(tiny, clean, corrupted, "z", flaky, batch_size=3)
+    with pytest.raises(BadInputError):  # a metric error raised from inside the sweep
+        activation_patch(tiny, clean, corrupted, "z",
+                         lambda lg: lg[0, -1, 0] * (float("nan") if lg.shape[0] else 1.0))
+    with torch.no_grad():
+        after = tiny(corrupted)
+    assert torch.equal(before, after)
+    assert all(not hp.fwd_hooks for hp in tiny.hook_dict.values())
+
+
+# --- the real model ---------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("site", "layers"), [("resid_pre", (0, 29)), ("z", (29,)), ("k", (14,)),
+                                              ("v_all_pos", (0, 29))])
+def test_equals_transformer_lens_smollm2(smollm2, site, layers):
+    """Real GQA model (9 query / 3 KV heads); TransformerLens runs one forward per cell, so a
+    few layers only (each bridge forward of smollm2 costs about a second on 2 CPU cores)."""
+    clean = to_tokens(smollm2, "The cat sat", prepend_bos=True)
+    corrupted = to_tokens(smollm2, "The dog sat", prepend_bos=True)
+    fn = getattr(tlp, SHARED[site])
+    with torch.no_grad():
+        _, cache = smollm2.run_with_cache(clean)
+    res = activation_patch(smollm2, clean, corrupted, parse_site(site, layers=layers),
+                           logit_metric)
+    # TransformerLens runs every layer; compare on the layers we computed
+    with torch.no_grad():
+        ref = _tl_on_layers(smollm2, fn, site, corrupted, cache, layers)
+    assert (res.values - ref.double()).abs().max() <= 1e-4
+
+
+def _tl_on_layers(model, fn, site, corrupted, cache, layers):
+    """transformer_lens.patching restricted to some layers, via its own index_df path."""
+    import itertools
+
+    import pandas as pd
+
+    axes = fn.keywords["index_axis_names"]
+    n_heads = model.cfg.n_heads if site[0] not in "kv" else model.cfg.n_key_value_heads
+    ranges = {"layer": layers, "pos": range(corrupted.shape[1]), "head": range(n_heads),
+              "head_index": range(n_heads)}
+    rows = list(itertools.product(*(ranges[a] for a in axes)))
+    df = pd.DataFrame(rows, columns=list(axes))
+    flat = tlp.generic_activation_patch(model, corrupted, cache, logit_metric,
+                                        fn.keywords["patch_setter"],
+                                        fn.keywords["activation_name"], index_df=df)
+    return flat.reshape(len(layers), *[len(ranges[a]) for a in axes[1:]])

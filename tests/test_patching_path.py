@@ -1,0 +1,145 @@
+"""Path patching: identities with activation patching, a planted circuit, normalisation scales."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechsink import load_model
+from mechsink.bridge import hf_model_of, to_tokens
+from mechsink.errors import BadInputError
+from mechsink.patching import activation_patch
+from mechsink.patching.path import parse_component, parse_receiver, path_patch
+
+CLEAN = "When Mary and John went"
+CORRUPTED = "When Tom and John went"
+
+
+def logit_metric(logits: torch.Tensor) -> torch.Tensor:
+    return logits[0, -1, 100] - logits[0, -1, 200]
+
+
+def test_layer_names_with_many_digits():
+    assert parse_component("L12H3").layer == 12
+    assert parse_component("L123N4567").index == 4567
+    assert parse_receiver("L10H11.v").layer == 10
+    r = parse_receiver("resid17@-1:300")
+    assert (r.layer, r.pos, r.channel) == (17, -1, 300)
+    with pytest.raises(BadInputError, match="unknown sender"):
+        parse_component("layer3head2")
+
+
+def test_whole_residual_stream_sender_equals_activation_patch(llama_tiny):
+    """Senders = every writer of the residual at (layer, pos), receiver = that residual:
+    the path patch is the (noising) activation patch of resid_pre at (layer, pos)."""
+    clean = to_tokens(llama_tiny, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(llama_tiny, CORRUPTED, prepend_bos=True)
+    act = activation_patch(llama_tiny, clean, corrupted, "resid_pre", logit_metric,
+                           direction="noise")
+    n_heads = llama_tiny.cfg.n_heads
+    for layer in (1,):
+        for pos in range(clean.shape[1]):
+            group = [f"embed@{pos}"] + [f"L{lyr}H{h}@{pos}" for lyr in range(layer)
+                                        for h in range(n_heads)] + [
+                f"MLP{lyr}@{pos}" for lyr in range(layer)]
+            res = path_patch(llama_tiny, clean, corrupted, [group], [f"resid{layer}@{pos}"],
+                             logit_metric)
+            assert abs(res.values[0].item() - act.values[layer, pos].item()) <= 1e-4
+
+
+def test_all_senders_to_metric_equals_corrupted_run(gpt2_tiny):
+    clean = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(gpt2_tiny, CORRUPTED, prepend_bos=True)
+    group = ["embed"] + [f"L{lyr}H{h}" for lyr in range(2) for h in range(4)] + ["MLP0", "MLP1"]
+    res = path_patch(gpt2_tiny, clean, corrupted, [group], ["metric"], logit_metric)
+    assert abs(res.values[0].item() - res.corrupted_value) <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def planted():
+    """llama-tiny rewired so that L0H0 -> L1H0 (value) -> logits is the only path through
+    L1H0, and L0H1 (a decoy sharing L0H0's value head) reaches the logits only directly.
+
+    Channels: E 0-7 (token embedding), A 16-23 (L0H0 writes), B 24-31 (decoy writes),
+    C 32-39 (L1H0 writes). Attention is uniform (W_Q = W_K = 0); MLPs are off.
+    """
+    model = load_model("random:llama-tiny", device="cpu", seed=1)
+    hf = hf_model_of(model)
+    g = torch.Generator().manual_seed(0)
+    eye = torch.eye(8)
+    with torch.no_grad():
+        emb = hf.model.embed_tokens.weight
+        emb.zero_()
+        emb[:, 0:8] = torch.randn(emb.shape[0], 8, generator=g)
+        for layer in hf.model.layers:
+            for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj,
+                      layer.self_attn.o_proj, layer.mlp.down_proj):
+                p.weight.zero_()
+        a0, a1 = hf.model.layers[0].self_attn, hf.model.layers[1].self_attn
+        a0.v_proj.weight[0:8, 0:8] = eye           # KV head 0 reads E
+        a0.o_proj.weight[16:24, 0:8] = eye         # head 0 writes A
+        a0.o_proj.weight[24:32, 16:24] = eye       # head 1 (decoy) writes B
+        a1.v_proj.weight[0:8, 16:24] = eye         # L1 KV head 0 reads A
+        a1.o_proj.weight[32:40, 0:8] = 3 * eye     # L1H0 writes C
+        hf.lm_head.weight.zero_()
+        hf.lm_head.weight[:, 24:40] = torch.randn(hf.lm_head.weight.shape[0], 16, generator=g)
+    return model
+
+
+def test_planted_circuit_is_recovered_and_decoy_is_not(planted):
+    clean = to_tokens(planted, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(planted, CORRUPTED, prepend_bos=True)
+    act = activation_patch(planted, clean, corrupted, "z_all_pos", logit_metric,
+                           direction="noise")
+    effect = act.values - act.clean_value
+    assert abs(effect[0, 0]) > 1e-2 and abs(effect[0, 1]) > 1e-2  # both matter in total
+    res = path_patch(planted, clean, corrupted, ["L0H0", "L0H1", "L0H2"], ["L1H0.v"],
+                     logit_metric, scales="frozen")
+    path = res.values - res.clean_value
+    assert abs(path[0]) > 1e-2          # the planted path
+    assert abs(path[1]) <= 1e-6         # the decoy reaches the logits, but not through L1H0
+    assert abs(path[2]) <= 1e-6         # a dead head
+    direct = path_patch(planted, clean, corrupted, ["L0H0", "L0H1"], ["metric"], logit_metric,
+                        scales="frozen")
+    d = direct.values - direct.clean_value
+    assert abs(d[0]) <= 1e-6 and abs(d[1]) > 1e-2  # the decoy's effect is direct
+
+
+def test_recomputed_scales_leak_through_the_norm(planted):
+    """With recomputed RMSNorm scales the decoy moves L1's input scale: a small nonzero path."""
+    clean = to_tokens(planted, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(planted, CORRUPTED, prepend_bos=True)
+    frozen = path_patch(planted, clean, corrupted, ["L0H1"], ["L1H0.v"], logit_metric,
+                        scales="frozen")
+    recomputed = path_patch(planted, clean, corrupted, ["L0H1"], ["L1H0.v"], logit_metric,
+                            scales="recomputed")
+    assert abs(frozen.values[0] - frozen.clean_value) <= 1e-6
+    assert abs(recomputed.values[0] - recomputed.clean_value) > 1e-6
+
+
+def test_path_bad_input(gpt2_tiny):
+    clean = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    with pytest.raises(BadInputError, match="layer 5"):
+        path_patch(gpt2_tiny, clean, clean, ["L5H0"], ["metric"], logit_metric)
+    with pytest.raises(BadInputError, match="scales"):
+        path_patch(gpt2_tiny, clean, clean, ["L0H0"], ["metric"], logit_metric, scales="x")
+
+
+def test_path_patch_leaves_no_hooks_when_metric_raises(gpt2_tiny):
+    clean = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(gpt2_tiny, CORRUPTED, prepend_bos=True)
+    with torch.no_grad():
+        before = gpt2_tiny(clean)
+    calls = {"n": 0}
+
+    def flaky(lg):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise RuntimeError("boom")
+        return lg[0, -1, 0]
+
+    with pytest.raises(RuntimeError, match="boom"):
+        path_patch(gpt2_tiny, clean, corrupted, ["L0H0", "L0H1"], ["L1H0.q"], flaky)
+    with torch.no_grad():
+        assert torch.equal(before, gpt2_tiny(clean))
+    assert all(not hp.fwd_hooks for hp in gpt2_tiny.hook_dict.values())
