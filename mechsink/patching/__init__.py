@@ -5,6 +5,7 @@ sweep returns a :class:`PatchResult`.
 """
 
 from mechsink.patching.activation import activation_patch
+from mechsink.patching.attribution import attribution_patch, compare_to_exact
 from mechsink.patching.metrics import (
     KLToClean,
     LogitDiff,
@@ -19,11 +20,13 @@ from mechsink.patching.metrics import (
     as_metric,
     parse_metric,
 )
+from mechsink.patching.path import path_patch
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 __all__ = [
     "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric", "Needs",
     "Outputs", "PatchResult", "ResidNorm", "Site", "SinkScore", "activation_patch",
-    "as_metric", "parse_metric", "parse_site",
+    "as_metric", "attribution_patch", "compare_to_exact", "parse_metric", "parse_site",
+    "path_patch",
 ]
