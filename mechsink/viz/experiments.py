@@ -12,6 +12,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def _save(fig: plt.Figure, path: str | Path) -> Path:
+    """Lay out, write as PNG and close (figures are never left open)."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def _smooth(values: list[float], width: int) -> np.ndarray:
     v = np.asarray(values, dtype=float)
     if width <= 1 or len(v) < width:
@@ -39,11 +48,7 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     for ax in (ax_loss, ax_sink):
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
@@ -61,11 +66,7 @@ def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
     ax.set(ylabel="sink score (key 0, queries i > 0)", title=result["model"], ylim=(0, 1))
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
@@ -82,8 +83,4 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
         ax.set(xscale="log", xlabel="step", title=label)
         ax.grid(alpha=0.3)
     fig.suptitle(timeline.get("run", ""))
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
