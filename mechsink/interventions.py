@@ -76,20 +76,22 @@ def ablate(
     *,
     mode: str = "zero",
     scale: float = 0.0,
+    value: float = 0.0,
     units: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
 ) -> Intervention:
-    """Zero, mean or scale ablation at ``blocks.{layer}.{site}``.
+    """Zero, mean, scale or set ablation at ``blocks.{layer}.{site}``.
 
     ``units`` picks heads (attention sites; KV heads for k and v), neurons (``mlp.hook_post``)
     or channels (residual and output sites); ``positions`` picks sequence positions. ``mean``
     replaces the chosen entries by their mean over the sequence's unchosen positions (a
-    within-sequence mean: no reference data set needed); ``scale`` multiplies them by ``scale``.
+    within-sequence mean: no reference data set needed); ``scale`` multiplies them by ``scale``;
+    ``set`` writes ``value`` there (e.g. plant a massive channel at another position).
     """
     if site not in _UNIT_AXIS:
         raise BadInputError(f"unknown site {site!r}: choose one of {', '.join(_UNIT_AXIS)}.")
-    if mode not in ("zero", "mean", "scale"):
-        raise BadInputError(f"unknown ablation mode {mode!r}: use zero, mean or scale.")
+    if mode not in ("zero", "mean", "scale", "set"):
+        raise BadInputError(f"unknown ablation mode {mode!r}: use zero, mean, scale or set.")
     _check_layer(model, layer)
     n_units = _n_units(model, site)
     if units is not None and not all(0 <= u < n_units for u in units):
@@ -106,15 +108,16 @@ def ablate(
         on_unit[slice(None) if units is None else list(units)] = True
         chosen = (on_pos[:, None] & on_unit[None, :]).reshape(
             1, n_pos, n_units, *([1] * (act.dim() - 3)))
-        if mode == "zero":
-            replacement = torch.zeros_like(act)
+        if mode in ("zero", "set"):
+            replacement = torch.full_like(act, value if mode == "set" else 0.0)
         elif mode == "scale":
             replacement = act * scale
         else:
             replacement = act[:, ~on_pos].mean(dim=1, keepdim=True).expand_as(act)
         return torch.where(chosen, replacement, act)
 
-    what = f"{mode} ablation" + (f" x{scale}" if mode == "scale" else "")
+    what = f"{mode} ablation" + (f" x{scale}" if mode == "scale" else "") + (
+        f" to {value}" if mode == "set" else "")
     where = f"{_UNIT_AXIS[site]}s {list(units)}" if units is not None else "all units"
     pos = list(positions) if positions is not None else "all"
     return Intervention(f"blocks.{layer}.{site}", fn,

@@ -43,15 +43,17 @@ def test_self_only_mask_makes_row_k_one_hot(model):
                                clean["blocks.0.attn.hook_pattern"])
 
 
-@pytest.mark.parametrize("mode", ["zero", "scale", "mean"])
+@pytest.mark.parametrize("mode", ["zero", "scale", "mean", "set"])
 def test_head_ablation_sets_the_chosen_entries(model, mode):
     tokens = to_tokens(model, TEXT, prepend_bos=True)
     _, clean = model.run_with_cache(tokens)
-    edit = ablate(model, "attn.hook_z", 1, mode=mode, scale=0.5, units=[1], positions=[0, 3])
+    edit = ablate(model, "attn.hook_z", 1, mode=mode, scale=0.5, value=7.0, units=[1],
+                  positions=[0, 3])
     _, cache = _run(model, [edit], tokens)
     z, z_clean = cache["blocks.1.attn.hook_z"], clean["blocks.1.attn.hook_z"]
     others = [p for p in range(tokens.shape[1]) if p not in (0, 3)]
     expected = {"zero": torch.zeros_like(z_clean[:, [0, 3], 1]),
+                "set": torch.full_like(z_clean[:, [0, 3], 1], 7.0),
                 "scale": 0.5 * z_clean[:, [0, 3], 1],
                 "mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1)}[mode]
     torch.testing.assert_close(z[:, [0, 3], 1], expected)

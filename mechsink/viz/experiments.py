@@ -84,3 +84,29 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
         ax.grid(alpha=0.3)
     fig.suptitle(timeline.get("run", ""))
     return _save(fig, path)
+
+
+def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
+    """Left: super-neuron dose-response (channel size and sink rate at key 0). Right: the sink
+    at position k before and after each intervention."""
+    fig, (ax_dose, ax_move) = plt.subplots(1, 2, figsize=(12, 4))
+    doses = result["dose_response"]
+    scales = [d["scale"] for d in doses]
+    ax_dose.plot(scales, [d["channel_max_abs"] for d in doses], marker="o", color="tab:red")
+    sn = result["super_neuron"]
+    ax_dose.set(xlabel="super-neuron scale at position 0", ylabel="max |channel| at position 0",
+                title=f"{result['model']}: L{sn['layer']} N{sn['neuron']} -> ch {sn['channel']}")
+    twin = ax_dose.twinx()
+    twin.plot(scales, [d["sink_rate"] for d in doses], marker="s", color="tab:blue")
+    twin.set_ylabel("sink rate at key 0", color="tab:blue")
+    moves = result["move"]
+    labels = [f"k={m['k']}\n{m['intervention']}" for m in moves]
+    x = np.arange(len(moves))
+    ax_move.bar(x - 0.2, [m["sink_at_k_before"] for m in moves], 0.4, label="sink at k, before")
+    ax_move.bar(x + 0.2, [m["sink_at_k_after"] for m in moves], 0.4, label="sink at k, after")
+    ax_move.set_xticks(x, labels, fontsize=7)
+    ax_move.set(ylabel="mean sink score at key k", title="moving the sink to position k")
+    ax_move.legend(fontsize=8)
+    for ax in (ax_dose, ax_move):
+        ax.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,46 @@
+"""probe() under interventions, and the structural-origin script end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from mechsink.bridge import to_tokens
+from mechsink.interventions import attend_only_to_self
+from mechsink.measure import sink_score
+from mechsink.probe import probe
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "The structural origin of the sink: variance, super neurons, dimension disparity."
+
+
+def test_probe_matches_a_direct_measurement_and_sees_the_mask(llama_tiny):
+    tokens = to_tokens(llama_tiny, [TEXT, TEXT], prepend_bos=True)
+    plain = probe(llama_tiny, tokens, key_positions=[0, 3], channel=5)
+    _, cache = llama_tiny.run_with_cache(tokens)
+    direct = sink_score(cache["blocks.1.attn.hook_pattern"], 3, include_self=False).mean(0)
+    torch.testing.assert_close(plain.scores[3][1], direct)
+    torch.testing.assert_close(plain.channel_values[3][1],
+                               cache["blocks.1.hook_resid_post"][:, 3, 5].mean())
+    masked = probe(llama_tiny, tokens, attend_only_to_self(llama_tiny, [0, 1], 3),
+                   key_positions=[3])
+    assert not torch.allclose(masked.scores[3], plain.scores[3])
+
+
+def test_structural_origin_script_runs_end_to_end(tmp_path):
+    out = tmp_path / "origin"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "structural_origin.py"),
+                    "--model", "random:llama-tiny", "--out", str(out), "--n", "4",
+                    "--seq-len", "24", "--positions", "4", "--scales", "0", "1"],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    assert result["schema"] == "mechsink-structural-origin/1"
+    assert [r["scale"] for r in result["dose_response"]] == [0.0, 1.0]
+    assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
+                                                            "channel planted"}
+    assert set(result["verdicts"]) == {"C1", "C2/C3", "C4"}
+    assert (out / "structural_origin.png").is_file()
