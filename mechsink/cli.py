@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import typer
@@ -210,6 +211,32 @@ def patch(
     fig.savefig(out / "patch.png", dpi=120)
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
                   f"{result.corrupted_value:.4g}; wrote {json_path} and {out / 'patch.png'}")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@typing.no_type_check  # typer hands in its base Context class, not the annotated subclass
+def circuit(
+    ctx: typer.Context,
+    name: str = typer.Argument(..., help="script in circuits/, e.g. structural_origin"),
+    model: str | None = typer.Argument(None, help="zoo name, for scripts that take --model"),
+    out: Path = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
+) -> None:
+    """Run a circuits script by name (extra options are passed on to it)."""
+    import runpy
+    import sys
+
+    folder = Path(__file__).resolve().parents[1] / "circuits"
+    scripts = sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
+    if name not in scripts:
+        fail(MechsinkError(f"unknown circuit {name!r}: choose one of {', '.join(scripts)}"
+                           if scripts else "no circuits/ folder next to this mechsink install: "
+                           "run from a source checkout."))
+    argv = [name, "--out", str(out), *(["--model", model] if model else []), *ctx.args]
+    saved, sys.argv = sys.argv, argv
+    try:
+        runpy.run_path(str(folder / f"{name}.py"), run_name="__main__")
+    finally:
+        sys.argv = saved
 
 
 def main() -> None:  # pragma: no cover - console-script convenience

@@ -44,3 +44,18 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
                                                             "channel planted"}
     assert set(result["verdicts"]) == {"C1", "C2/C3", "C4"}
     assert (out / "structural_origin.png").is_file()
+
+
+def test_circuit_command_runs_a_script_by_name(tmp_path):
+    from typer.testing import CliRunner
+
+    from mechsink.cli import app
+
+    runner = CliRunner()
+    ok = runner.invoke(app, ["circuit", "structural_origin", "random:llama-tiny", "--out",
+                             str(tmp_path / "o"), "--n", "2", "--seq-len", "16", "--positions",
+                             "4", "--scales", "0", "1"])
+    assert ok.exit_code == 0, ok.output
+    assert (tmp_path / "o" / "result.json").is_file()
+    bad = runner.invoke(app, ["circuit", "no_such_thing", "--out", str(tmp_path / "x")])
+    assert bad.exit_code == 2 and "structural_origin" in bad.output

@@ -99,12 +99,13 @@ def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     twin = ax_dose.twinx()
     twin.plot(scales, [d["sink_rate"] for d in doses], marker="s", color="tab:blue")
     twin.set_ylabel("sink rate at key 0", color="tab:blue")
+    twin.set_ylim(0, 1)  # a full scale: small changes in the rate should look small
     moves = result["move"]
-    labels = [f"k={m['k']}\n{m['intervention']}" for m in moves]
+    labels = [f"k={m['k']}: {m['intervention']}" for m in moves]
     x = np.arange(len(moves))
     ax_move.bar(x - 0.2, [m["sink_at_k_before"] for m in moves], 0.4, label="sink at k, before")
     ax_move.bar(x + 0.2, [m["sink_at_k_after"] for m in moves], 0.4, label="sink at k, after")
-    ax_move.set_xticks(x, labels, fontsize=7)
+    ax_move.set_xticks(x, labels, fontsize=7, rotation=30, ha="right")
     ax_move.set(ylabel="mean sink score at key k", title="moving the sink to position k")
     ax_move.legend(fontsize=8)
     for ax in (ax_dose, ax_move):
