@@ -26,10 +26,9 @@ import torch
 
 from mechsink import load_model
 from mechsink.assets import atomic_write_text
-from mechsink.bridge import down_projection
 from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
-from mechsink.measure import mlp_spikes, variance_stats
-from mechsink.probe import probe
+from mechsink.measure import variance_stats
+from mechsink.probe import dominant_super_neuron, probe
 from mechsink.prompts import make_prompts
 from mechsink.viz.experiments import plot_structural_origin
 
@@ -48,24 +47,6 @@ def variance_part(model, n: int, seq_len: int) -> dict:
         out[suite] = {"ratio": stats.ratio.tolist(),
                       "predicted_ratio": (predicted[:, 0] / predicted[:, 1:].mean(-1)).tolist()}
     return out
-
-
-@torch.no_grad()
-def super_neuron_part(model, tokens) -> dict:
-    _, cache = model.run_with_cache(tokens, names_filter=lambda h: h.endswith(
-        ("mlp.hook_post", "hook_mlp_out", "hook_resid_post")))
-    spikes = mlp_spikes(cache, down_projection(model))
-    at0 = spikes.in_pos == 0  # [batch, layer]
-    strength = (spikes.in_value.abs() * at0).mean(0)  # mean |input| at position 0, per layer
-    layer = int(strength.argmax())
-    neuron = int(torch.mode(spikes.in_neuron[:, layer]).values)
-    channel = int(torch.mode(spikes.out_channel[:, layer]).values)
-    resid = torch.stack([cache[f"blocks.{lay}.hook_resid_post"][:, 0]
-                         for lay in range(model.cfg.n_layers)], 1)  # [batch, layer, d]
-    return {"layer": layer, "neuron": neuron, "channel": channel,
-            "input_at_pos0": spikes.in_value[:, layer].abs().mean().item(),
-            "channel_at_pos0": resid[..., channel].mean(0).tolist(),
-            "median_abs_at_pos0": resid.abs().median(-1).values.mean(0).tolist()}
 
 
 def dose_response(model, tokens, sn: dict, scales: list[float]) -> list[dict]:
@@ -146,7 +127,7 @@ def main() -> None:
 
     model = load_model(args.model, device="cpu", seed=args.seed)
     tokens = make_prompts(model, "natural", "bos", n=args.n, seq_len=args.seq_len).tokens
-    sn = super_neuron_part(model, tokens)
+    sn = dominant_super_neuron(model, tokens)
     result = {"schema": SCHEMA, "model": args.model, "n": args.n, "seq_len": args.seq_len,
               "inputs": "natural/bos (C1: random and natural, randfirst)",
               "variance": variance_part(model, args.n, args.seq_len), "super_neuron": sn,

@@ -15,8 +15,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechsink.bridge import down_projection
 from mechsink.interventions import Intervention, applied
-from mechsink.measure import sink_scores
+from mechsink.measure import mlp_spikes, sink_scores
 
 DEFAULT_EPS = 0.3
 
@@ -62,3 +63,22 @@ def probe(
             values[k] = torch.stack([cache[f"blocks.{layer}.hook_resid_post"][:, k, channel]
                                      for layer in range(model.cfg.n_layers)], 1).mean(0).cpu()
     return ProbeResult(scores, rates, channel, values)
+
+
+@torch.no_grad()
+def dominant_super_neuron(model: Any, tokens: Int[Tensor, "batch pos"]) -> dict[str, Any]:
+    """The layer whose largest down-projection input at position 0 is biggest, that neuron,
+    the channel its layer writes most, and the channel's value at position 0 in every layer."""
+    _, cache = model.run_with_cache(tokens, names_filter=lambda h: h.endswith(
+        ("mlp.hook_post", "hook_mlp_out", "hook_resid_post")))
+    spikes = mlp_spikes(cache, down_projection(model))
+    strength = (spikes.in_value.abs() * (spikes.in_pos == 0)).mean(0)  # per layer
+    layer = int(strength.argmax())
+    neuron = int(torch.mode(spikes.in_neuron[:, layer]).values)
+    channel = int(torch.mode(spikes.out_channel[:, layer]).values)
+    resid = torch.stack([cache[f"blocks.{lay}.hook_resid_post"][:, 0]
+                         for lay in range(model.cfg.n_layers)], 1)  # [batch, layer, d]
+    return {"layer": layer, "neuron": neuron, "channel": channel,
+            "input_at_pos0": spikes.in_value[:, layer].abs().mean().item(),
+            "channel_at_pos0": resid[..., channel].mean(0).tolist(),
+            "median_abs_at_pos0": resid.abs().median(-1).values.mean(0).tolist()}

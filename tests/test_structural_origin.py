@@ -59,3 +59,16 @@ def test_circuit_command_runs_a_script_by_name(tmp_path):
     assert (tmp_path / "o" / "result.json").is_file()
     bad = runner.invoke(app, ["circuit", "no_such_thing", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "structural_origin" in bad.output
+
+
+def test_p0_sink_script_runs_end_to_end(tmp_path):
+    out = tmp_path / "p0"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "p0_sink.py"), "--model",
+                    "random:gpt2-tiny", "--out", str(out), "--n", "2", "--seq-len", "12",
+                    "--layers", "1"], check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    assert result["schema"] == "mechsink-p0-sink/1"
+    assert set(result["first_token"]) == {"bos", "nobos", "randfirst"}
+    assert len(result["nodes"]) == 4 + 1 + 1  # layer-0 heads, layer-0 MLP, the super neuron
+    assert len(result["edges"]) == 2 * len(result["nodes"])
+    assert (out / "p0_circuit.png").is_file()

@@ -111,3 +111,23 @@ def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     for ax in (ax_dose, ax_move):
         ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def plot_p0_circuit(result: dict[str, Any], path: str | Path) -> Path:
+    """Each candidate's single-ablation effect on the sink rate and on the massive channel;
+    circuit members highlighted."""
+    nodes = result["nodes"]
+    names = ["/".join(map(str, n["component"])) for n in nodes]
+    colors = ["tab:red" if n["in_circuit"] else "tab:gray" for n in nodes]
+    fig, (ax_sink, ax_ch) = plt.subplots(2, 1, figsize=(max(8, 0.28 * len(nodes)), 6),
+                                         sharex=True)
+    x = np.arange(len(nodes))
+    ax_sink.bar(x, [n["sink_rate_drop"] for n in nodes], color=colors)
+    ax_sink.set(ylabel="sink-rate drop at key 0",
+                title=f"{result['model']}: mean ablation at position 0 (red: minimal circuit)")
+    ax_ch.bar(x, [n["channel_drop"] for n in nodes], color=colors)
+    ax_ch.set(ylabel=f"drop of max |channel {result['super_neuron']['channel']}|")
+    ax_ch.set_xticks(x, names, rotation=90, fontsize=7)
+    for ax in (ax_sink, ax_ch):
+        ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)
