@@ -185,3 +185,28 @@ def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
 
     return Intervention(f"blocks.{layer}.attn.hook_k", fn,
                         f"layer {layer}: W_K rotated by a random orthogonal matrix (seed {seed})")
+
+
+# --- first-token manipulations (edits of the input, not hooks) --------------------------------
+
+
+def remove_bos(tokens: Tensor, bos_id: int) -> Tensor:
+    """Drop position 0 when every sequence starts with ``bos_id`` (the text then starts at 0)."""
+    if not bool((tokens[:, 0] == bos_id).all()):
+        raise BadInputError(f"not every sequence starts with BOS id {bos_id}: nothing to remove.")
+    return tokens[:, 1:]
+
+
+def replace_first(tokens: Tensor, ids: Tensor | int) -> Tensor:
+    """Put ``ids`` (one per sequence, or one for all) at position 0, keeping the length."""
+    out = tokens.clone()
+    out[:, 0] = ids
+    return out
+
+
+def shift_to_first(tokens: Tensor, k: int) -> Tensor:
+    """Cut the first ``k`` tokens so the token at position ``k`` now sits at position 0."""
+    if not 0 <= k < tokens.shape[1] - 1:
+        raise BadInputError(f"k={k} must leave at least two tokens (sequence length "
+                            f"{tokens.shape[1]}).")
+    return tokens[:, k:]

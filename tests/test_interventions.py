@@ -102,3 +102,17 @@ def test_bad_arguments_are_clear_errors(model):
         ablate(model, "attn.hook_z", 0, units=[9])
     with pytest.raises(BadInputError, match="positions"):
         ablate(model, "hook_resid_pre", 0, mode="mean")
+
+
+def test_first_token_manipulations():
+    from mechsink.interventions import remove_bos, replace_first, shift_to_first
+
+    tokens = torch.tensor([[9, 1, 2, 3], [9, 4, 5, 6]])
+    assert remove_bos(tokens, 9).tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert replace_first(tokens, torch.tensor([7, 8])).tolist() == [[7, 1, 2, 3], [8, 4, 5, 6]]
+    assert shift_to_first(tokens, 2).tolist() == [[2, 3], [5, 6]]
+    assert tokens[0, 0] == 9  # inputs are not modified
+    with pytest.raises(BadInputError, match="BOS"):
+        remove_bos(tokens, 1)
+    with pytest.raises(BadInputError, match="two tokens"):
+        shift_to_first(tokens, 3)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from mechsink.bridge import to_tokens
@@ -72,3 +73,17 @@ def test_p0_sink_script_runs_end_to_end(tmp_path):
     assert len(result["nodes"]) == 4 + 1 + 1  # layer-0 heads, layer-0 MLP, the super neuron
     assert len(result["edges"]) == 2 * len(result["nodes"])
     assert (out / "p0_circuit.png").is_file()
+
+
+@pytest.mark.slow
+def test_structural_origin_on_smollm2_moves_the_sink(tmp_path):
+    """The self-only mask makes position 8 a sink in the real model (seeds/002, C4)."""
+    out = tmp_path / "origin"
+    subprocess.run([sys.executable, str(ROOT / "circuits" / "structural_origin.py"),
+                    "--model", "smollm2-135m", "--out", str(out), "--n", "4", "--seq-len", "32",
+                    "--positions", "8", "--scales", "0", "1"],
+                   check=True, capture_output=True, text=True)
+    result = json.loads((out / "result.json").read_text())
+    mask = next(r for r in result["move"] if r["intervention"] == "self-only mask")
+    assert mask["sink_at_k_after"] > 5 * mask["sink_at_k_before"]
+    assert result["super_neuron"]["channel"] == 507  # SmolLM2's massive channel
