@@ -210,17 +210,19 @@ def atomic_file(target: Path) -> Iterator[tuple[Path, object]]:
     try:
         with os.fdopen(fd, "wb") as out:
             yield tmp, out
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file normal permissions
+        give_default_permissions(tmp)  # mkstemp makes 0600
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
 
 
-def _umask() -> int:
+def give_default_permissions(path: Path) -> None:
+    """Give a file (0666) or folder (0777) the permissions the umask allows: temporary files
+    and folders are created owner-only, and what mechsink renames into place should not be."""
     mask = os.umask(0)
     os.umask(mask)
-    return mask
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~mask)
 
 
 def atomic_write_bytes(target: Path, data: bytes) -> None:

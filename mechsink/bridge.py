@@ -212,7 +212,8 @@ def architecture_summary(model: Any) -> dict[str, Any]:
 
 
 def plain_hf_copy(model: Any) -> nn.Module:
-    """A fresh, unwrapped transformers model holding the bridge's current weights.
+    """A fresh, unwrapped transformers model holding the bridge's current weights (a plain
+    transformers model is returned as it is).
 
     The bridge rewires the wrapped model in place (its state dict then holds bridge aliases),
     so saving goes through this copy: every wrapped key, with ``._original_component`` removed,
@@ -220,6 +221,8 @@ def plain_hf_copy(model: Any) -> nn.Module:
     """
     from transformers import AutoModelForCausalLM
 
+    if not hasattr(model, "original_model"):  # already a plain transformers model
+        return model
     wrapped = hf_model_of(model)
     from mechsink.variants import apply_variants, variants_of
 

@@ -10,7 +10,6 @@ function of that cache (:mod:`mechsink.measure`) and the per-chunk results are m
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,15 +286,7 @@ def write_census(c: Census | Mapping[str, Any], out_dir: str | Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / CENSUS_FILE
     atomic_write_text(target, text)
-    readable(target)
     return target
-
-
-def readable(path: Path) -> None:
-    """Give a written file the usual permissions (temporary files are created owner-only)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
 
 
 def read_census(path: str | Path) -> dict[str, Any]:

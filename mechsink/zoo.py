@@ -378,7 +378,7 @@ def save_organism(
 
     ``model`` is a TransformerBridge or a plain transformers model; the folder must not exist.
     """
-    hf = plain_hf_copy(model) if hasattr(model, "original_model") else model
+    hf = plain_hf_copy(model)
     tok = tokenizer if tokenizer is not None else getattr(model, "tokenizer", None)
     if tok is None:
         raise BadInputError("save_organism needs a tokenizer: pass tokenizer=...")
@@ -447,9 +447,7 @@ class _atomic_dir:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             try:
-                mask = os.umask(0)
-                os.umask(mask)
-                os.chmod(self.tmp, 0o777 & ~mask)  # mkdtemp makes 0700: give normal permissions
+                assets.give_default_permissions(self.tmp)  # mkdtemp makes 0700
                 os.replace(self.tmp, self.target)
                 return
             except OSError:

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.assets import atomic_write_text
-from mechsink.census import readable
 from mechsink.viz.attention import write_attention_page
 from mechsink.viz.figures import write_figures
 
@@ -97,6 +96,4 @@ def write_report(data: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     attention = write_attention_page(data, folder / ATTENTION_PAGE)
     index = folder / INDEX
     atomic_write_text(index, index_page(data, [f.name for f in figures]))
-    readable(attention)
-    readable(index)
     return [*figures, attention, index]
