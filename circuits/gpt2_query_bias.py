@@ -48,11 +48,10 @@ def head_scores(model, tokens, interventions=()) -> torch.Tensor:
     return sink_scores(cache).no_self.mean(0)
 
 
-@torch.no_grad()
-def key0_advantage(model, tokens, layer: int, head: int) -> dict:
+def key0_advantage(model, cache, layer: int, head: int) -> dict:
     """How much Delta and the rest favour key 0 over the other keys (logit units), and which
-    residual pieces (token / position embedding, earlier outputs) make up Delta_0."""
-    _, cache = model.run_with_cache(tokens)
+    residual pieces (token / position embedding, earlier outputs) make up Delta_0; read from
+    the clean run's cache."""
     w, b = norm_params(model, layer)
     parts = delta_attribution(residual_components(cache, layer),
                               cache[f"blocks.{layer}.ln1.hook_scale"], w, b,
@@ -84,6 +83,8 @@ def main() -> None:
     order = base.flatten().argsort(descending=True)[: args.top].tolist()
     heads = [(i // base.shape[1], i % base.shape[1]) for i in order]
     sink_layers = sorted({layer for layer, _ in heads})
+    with torch.no_grad():  # one clean run feeds every head's logit split
+        _, cache = model.run_with_cache(tokens)
 
     ablations = {
         "no query bias": [remove_query_bias(model, layer) for layer in sink_layers],
@@ -93,7 +94,7 @@ def main() -> None:
     }
     result = {"schema": SCHEMA, "model": args.model, "n": args.n, "seq_len": args.seq_len,
               "sink_heads": [{"layer": lay, "head": h, "sink_score": base[lay, h].item(),
-                              **key0_advantage(model, tokens, lay, h)} for lay, h in heads],
+                              **key0_advantage(model, cache, lay, h)} for lay, h in heads],
               "ablations": {}}
     for name, edits in ablations.items():
         after = head_scores(model, tokens, edits)
