@@ -28,7 +28,7 @@ from mechsink.assets import atomic_write_bytes, atomic_write_text
 from mechsink.errors import BadInputError
 from mechsink.tasks import BigramBackcopy, TextStream
 from mechsink.variants import apply_headwise_rmsnorm
-from mechsink.zoo import save_organism, seeded_model
+from mechsink.zoo import load_weights, save_organism, seeded_model
 
 RUN_FORMAT = "mechsink-run/1"
 
@@ -240,14 +240,8 @@ def _restore(run: dict, out: Path, model: torch.nn.Module, optimizer) -> int:
     """Load the last checkpoint's weights and optimizer state; return the step to continue at."""
     if not run["checkpoints"]:
         return 0
-    from safetensors.torch import load_file
-
     step = run["checkpoints"][-1]
-    folder = out / f"step-{step}"
-    state = load_file(str(folder / "model.safetensors"))
-    model.load_state_dict(state, strict=False)
-    if getattr(model.config, "tie_word_embeddings", False):
-        model.tie_weights()
+    load_weights(model, out / f"step-{step}")
     optimizer.load_state_dict(torch.load(out / f"step-{step}.optimizer.pt", weights_only=True))
     run["losses"] = run["losses"][:step]
     return step

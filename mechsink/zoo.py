@@ -340,11 +340,18 @@ def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
 
 def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) -> nn.Module:
     """Build a model whose architecture mechsink edited (see variants.py), then load weights."""
-    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
     apply_variants(model, variants_of(config))
+    return load_weights(model, folder).to(dtype)
+
+
+def load_weights(model: nn.Module, folder: Path) -> nn.Module:
+    """Load ``folder/model.safetensors`` into ``model`` in place; every weight must match (a
+    tied ``lm_head`` may be absent from the file and is re-tied)."""
+    from safetensors.torch import load_file
+
     missing, unexpected = model.load_state_dict(
         load_file(str(folder / "model.safetensors")), strict=False
     )
@@ -353,7 +360,7 @@ def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) ->
                             f"unexpected {unexpected[:3]}")
     if missing:
         model.tie_weights()
-    return model.to(dtype)
+    return model
 
 
 def _from_hub_or_folder(ref: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
