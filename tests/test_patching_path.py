@@ -143,3 +143,65 @@ def test_path_patch_leaves_no_hooks_when_metric_raises(gpt2_tiny):
     with torch.no_grad():
         assert torch.equal(before, gpt2_tiny(clean))
     assert all(not hp.fwd_hooks for hp in gpt2_tiny.hook_dict.values())
+
+
+def _hooked_value(model, tokens, hook_name, replace):
+    """The logit metric with one activation edited by a plain TransformerLens hook."""
+    def hook(act, hook):
+        return replace(act.clone())
+
+    with torch.no_grad():
+        logits = model.run_with_hooks(tokens, fwd_hooks=[(hook_name, hook)])
+    return logit_metric(logits).item()
+
+
+@pytest.mark.parametrize("ablation", ["zero", "mean", "position_mean"])
+def test_ablation_of_the_last_mlp_equals_a_plain_hook(gpt2_tiny, ablation):
+    """Nothing is downstream of the last MLP, so its path patch to the metric is the plain
+    ablation of its output at position 0, computed here with one run_with_hooks."""
+    tokens = to_tokens(gpt2_tiny, ["When Mary and John went", "The cat sat on the mat"],
+                       prepend_bos=True, seq_len=6)
+    last = gpt2_tiny.cfg.n_layers - 1
+
+    def replace(act):
+        if ablation == "zero":
+            act[:, 0] = 0
+        elif ablation == "mean":
+            act[:, 0] = act[:, 0].mean(0, keepdim=True)
+        else:
+            act[:, 0] = act[:, 1:].mean(1)
+        return act
+
+    expected = _hooked_value(gpt2_tiny, tokens, f"blocks.{last}.hook_mlp_out", replace)
+    res = path_patch(gpt2_tiny, tokens, None, [f"MLP{last}@0"], ["metric"], logit_metric,
+                     ablation=ablation)
+    assert res.corrupted_value is None
+    assert res.meta["ablation"] == ablation
+    assert abs(res.values[0].item() - expected) <= 1e-4
+
+
+def test_position_mean_of_a_last_layer_head_equals_a_plain_hook(llama_tiny):
+    """L1H1 is in the last layer (llama-tiny has two), so its path to the metric is the plain
+    ablation of its z at position 0 by its mean over the later positions."""
+    tokens = to_tokens(llama_tiny, CLEAN, prepend_bos=True)
+    res = path_patch(llama_tiny, tokens, None, ["L1H1@0"], ["metric"], logit_metric,
+                     ablation="position_mean")
+
+    def replace(act):
+        act[:, 0, 1] = act[:, 1:, 1].mean(1)
+        return act
+
+    expected = _hooked_value(llama_tiny, tokens, "blocks.1.attn.hook_z", replace)
+    assert abs(res.values[0].item() - expected) <= 1e-4
+
+
+def test_ablation_bad_input(gpt2_tiny):
+    tokens = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    with pytest.raises(BadInputError, match="either a corrupted input or an ablation"):
+        path_patch(gpt2_tiny, tokens, tokens, ["L0H0"], ["metric"], logit_metric,
+                   ablation="zero")
+    with pytest.raises(BadInputError, match="either a corrupted input or an ablation"):
+        path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric)
+    with pytest.raises(BadInputError, match="ablation must be one of"):
+        path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric,
+                   ablation="median")

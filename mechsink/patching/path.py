@@ -17,6 +17,13 @@ massive activation at position 0 the scale there is set by one channel, and a se
 it changes every receiver that reads position 0: the two choices can give different answers,
 and a path that exists only through a norm's scale shows up only under "recomputed".
 
+Ablation instead of a corrupted input (``ablation=``, with ``corrupted=None``): each sender's
+"corrupted" value is ``"zero"``, its ``"mean"`` over the clean batch, or its
+``"position_mean"``: the mean over positions 1.. of the same sequence, i.e. the value an
+ordinary position has. The last one asks "what does this component's *position-0* output do",
+the question of the P0-sink circuit (seeds/004), where no corrupted text makes position 0
+ordinary (the sink does not depend on the first token).
+
 Component names (any number of digits): ``embed``, ``L12H3`` (head), ``MLP12``, ``L12N345``
 (neuron), each optionally ``@POS`` for one position. Receivers: ``L12H3.q`` / ``.k`` / ``.v``
 (on GQA models the KV head of query head 3 for k/v), ``MLP12``, ``resid12`` (the residual
@@ -26,7 +33,7 @@ entering block 12; ``resid12@POS`` and ``resid12@POS:CHANNEL``) and ``metric``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,11 +151,12 @@ def _check(model: Any, c: Component | Receiver, seq_len: int) -> None:
 def path_patch(
     model: Any,
     clean: TokensLike,
-    corrupted: TokensLike,
+    corrupted: TokensLike | None,
     senders: Sequence[str | Component | Sequence[str | Component]],
     receivers: Sequence[str | Receiver],
     metric: Metric | Callable[[Tensor], Tensor],
     *,
+    ablation: str | None = None,
     scales: str = "recomputed",
     batch_size: int = 16,
     prepend_bos: bool = True,
@@ -156,15 +164,23 @@ def path_patch(
     """Path-patch each sender (or group of senders) to ``receivers``; one value per entry.
 
     Returns a :class:`PatchResult` with axis ``sender``; ``clean_value``/``corrupted_value``
-    are the metric on the unpatched runs.
+    are the metric on the unpatched runs (``corrupted_value`` is None under ``ablation``).
     """
     if scales not in ("recomputed", "frozen"):
         raise BadInputError(f"scales must be 'recomputed' or 'frozen', got {scales!r}.")
+    if ablation not in ABLATIONS:
+        raise BadInputError(f"ablation must be one of {ABLATIONS[1:]} or None, got {ablation!r}.")
+    if (ablation is None) == (corrupted is None):
+        raise BadInputError("give either a corrupted input or an ablation (corrupted=None), "
+                            "not both and not neither.")
     if not senders:
         raise BadInputError("no senders given.")
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
-    corr_t = as_tokens(model, corrupted, prepend_bos=prepend_bos)
-    check_pair(clean_t, corr_t)
+    corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
+    if corr_t is not None:
+        check_pair(clean_t, corr_t)
+    if ablation == "position_mean" and clean_t.shape[1] < 2:
+        raise BadInputError("position_mean ablation needs at least 2 positions.")
     b0, seq_len = clean_t.shape
     groups = [[parse_component(s)] if isinstance(s, (str, Component)) else
               [parse_component(x) for x in s] for s in senders]
@@ -183,9 +199,13 @@ def path_patch(
         clean_out = outputs_on(model, clean_t, needs)
         metric = metric.bind(clean_out)
         clean_value = check_value(metric(clean_out), "on the clean run")
-        corr_value = check_value(metric(outputs_on(model, corr_t, needs)), "on the corrupted run")
         _, cc = model.run_with_cache(clean_t)
-        _, cx = model.run_with_cache(corr_t)
+        if corr_t is None:
+            corr_value, cx = None, AblatedActivations(cc, ablation)
+        else:
+            corr_value = check_value(metric(outputs_on(model, corr_t, needs)),
+                                     "on the corrupted run")
+            _, cx = model.run_with_cache(corr_t)
         values = []
         for lo in range(0, len(groups), batch_size):
             chunk = groups[lo:lo + batch_size]
@@ -211,9 +231,39 @@ def path_patch(
     return PatchResult(
         values=torch.stack(values), axes=("sender",), labels={"sender": labels},
         site="path:" + ",".join(_rname(r) for r in recvs), metric=metric.name,
-        clean_value=float(clean_value), corrupted_value=float(corr_value),
-        tokens=token_strings(model, clean_t[0]), meta={"scales": scales},
+        clean_value=float(clean_value),
+        corrupted_value=None if corr_value is None else float(corr_value),
+        tokens=token_strings(model, clean_t[0]),
+        meta={"scales": scales, "direction": "noise", "ablation": ablation},
     )
+
+
+ABLATIONS = (None, "zero", "mean", "position_mean")
+
+
+class AblatedActivations(Mapping):
+    """The clean run's activations, ablated on read: the "corrupted run" of an ablation."""
+
+    def __init__(self, clean: Any, ablation: str) -> None:
+        self.clean, self.ablation, self._done = clean, ablation, {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._done:
+            act = self.clean[name]
+            if self.ablation == "zero":
+                new = torch.zeros_like(act)
+            elif self.ablation == "mean":
+                new = act.mean(0, keepdim=True).expand_as(act)
+            else:  # position_mean: positions 1.. of the same sequence
+                new = act[:, 1:].mean(1, keepdim=True).expand_as(act)
+            self._done[name] = new
+        return self._done[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.clean.cache_dict)
+
+    def __len__(self) -> int:
+        return len(self.clean.cache_dict)
 
 
 def _name(c: Component) -> str:

@@ -44,8 +44,10 @@ def heatmap(result: Any, ax: Any = None) -> Any:
     ax.set_yticks(range(len(rows)), rows, fontsize=7)
     ax.set_xlabel(col_axis)
     ax.set_ylabel(" x ".join(row_axes))
-    ax.set_title(f"{result.site}: {result.metric} (clean {result.clean_value:.3g}, "
-                 f"corrupted {result.corrupted_value:.3g})", fontsize=9)
+    other = ("ablated" if result.corrupted_value is None
+             else f"corrupted {result.corrupted_value:.3g}")
+    ax.set_title(f"{result.site}: {result.metric} (clean {result.clean_value:.3g}, {other})",
+                 fontsize=9)
     fig.colorbar(im, ax=ax, label=f"{result.metric} {what}")
     fig.tight_layout()
     return fig
