@@ -113,21 +113,50 @@ def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def plot_p0_circuit(result: dict[str, Any], path: str | Path) -> Path:
-    """Each candidate's single-ablation effect on the sink rate and on the massive channel;
-    circuit members highlighted."""
-    nodes = result["nodes"]
-    names = ["/".join(map(str, n["component"])) for n in nodes]
-    colors = ["tab:red" if n["in_circuit"] else "tab:gray" for n in nodes]
-    fig, (ax_sink, ax_ch) = plt.subplots(2, 1, figsize=(max(8, 0.28 * len(nodes)), 6),
-                                         sharex=True)
+def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> Path:
+    """The P0-sink circuit graph (the ``top`` components by path effect -> the super neuron's
+    MLP -> massive channel, and -> the sink; line width ~ effect) above every candidate's path
+    effect into the channel; minimal-circuit members in red."""
+    nodes, edges = result["nodes"], result["edges"]
+    members = set(result["circuit"]["members"])
+    fig, (ax_g, ax_b) = plt.subplots(2, 1, figsize=(max(9, 0.22 * len(nodes)), 8.5),
+                                     gridspec_kw={"height_ratios": [3, 2]})
+    keys = ("via_mlp_to_channel", "direct_to_sink")
+    peaks = {k: _peak(nodes, k) for k in keys}
+    ranked = sorted(nodes, key=lambda n: -sum(abs(n[k]) / peaks[k] for k in keys))
+    shown = [n["name"] for n in ranked[:top]]
+    mlp = next(e["via"] for e in edges if e["via"])
+    channel = next(e["to"] for e in edges if e["metric"] == "massive_value")
+    sink = next(e["to"] for e in edges if e["metric"] == "sink_score")
+    pos = {name: (0.0, 1 - i / max(1, len(shown) - 1)) for i, name in enumerate(shown)}
+    pos.update({mlp: (0.45, 0.5), channel: (0.75, 0.75), sink: (1.0, 0.35)})
+    for key, to, color in (("via_mlp_to_channel", mlp, "tab:red"),
+                           ("direct_to_sink", sink, "tab:blue")):
+        peak = _peak(nodes, key)
+        for n in nodes:
+            if n["name"] in pos and n[key]:
+                (x0, y0), (x1, y1) = pos[n["name"]], pos[to]
+                ax_g.plot([x0, x1], [y0, y1], color=color, alpha=0.7,
+                          lw=0.3 + 6 * abs(n[key]) / peak, ls="-" if n[key] > 0 else "--")
+    for a, b in ((mlp, channel), (channel, sink)):
+        ax_g.annotate("", pos[b], pos[a], arrowprops={"arrowstyle": "->", "lw": 2})
+    for name, (x, y) in pos.items():
+        ax_g.text(x, y, name, ha="center", va="center", fontsize=8,
+                  bbox={"boxstyle": "round", "fc": "mistyrose" if name in members else "white"})
+    ax_g.set(xlim=(-0.12, 1.15), ylim=(-0.1, 1.1),
+             title=f"{result['model']}: position-0 outputs path-patched to their position mean "
+                   "(red: via the super neuron's MLP into the channel; blue: direct to the sink; "
+                   "dashed: negative)")
+    ax_g.title.set_fontsize(9)
+    ax_g.axis("off")
     x = np.arange(len(nodes))
-    ax_sink.bar(x, [n["sink_rate_drop"] for n in nodes], color=colors)
-    ax_sink.set(ylabel="sink-rate drop at key 0",
-                title=f"{result['model']}: mean ablation at position 0 (red: minimal circuit)")
-    ax_ch.bar(x, [n["channel_drop"] for n in nodes], color=colors)
-    ax_ch.set(ylabel=f"drop of max |channel {result['super_neuron']['channel']}|")
-    ax_ch.set_xticks(x, names, rotation=90, fontsize=7)
-    for ax in (ax_sink, ax_ch):
-        ax.grid(axis="y", alpha=0.3)
+    ax_b.bar(x, [n["via_mlp_to_channel"] for n in nodes],
+             color=["tab:red" if n["name"] in members else "tab:gray" for n in nodes])
+    ax_b.set(ylabel=f"{channel}: clean - patched")
+    ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=6)
+    ax_b.grid(axis="y", alpha=0.3)
     return _save(fig, path)
+
+
+def _peak(nodes: list[dict[str, Any]], key: str) -> float:
+    return max((abs(n[key]) for n in nodes), default=0.0) or 1.0
