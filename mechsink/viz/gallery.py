@@ -1,0 +1,109 @@
+"""Attention-pattern gallery: the strongest sink heads of a model beside a few ordinary heads.
+
+:func:`choose_heads` picks the heads from a census (``census.json``); the docs build records
+their patterns on one natural sequence into a gallery JSON (schema ``mechsink-gallery/1``) and
+:func:`attention_block` renders a set of heads as an HTML fragment for a page that loads
+circuitsvis's bundled JavaScript (``CircuitsVis`` global, see
+:func:`mechsink.viz.attention.circuitsvis_js`). Nothing here touches a model.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+GALLERY_SCHEMA = "mechsink-gallery/1"
+
+
+def reference_run(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The census run heads are chosen from: natural text with BOS if present, else the first
+    natural run, else the first run."""
+    runs = data["runs"]
+    for want in (("natural", "bos"), ("natural", None)):
+        for r in runs:
+            if r["suite"] == want[0] and (want[1] is None or r["variant"] == want[1]):
+                return r
+    return runs[0]
+
+
+def choose_heads(
+    data: Mapping[str, Any], n_sink: int = 4, n_ordinary: int = 3
+) -> dict[str, list[tuple[int, int, float]]]:
+    """``{"sink": [...], "ordinary": [...]}`` as (layer, head, mean Gu sink score).
+
+    Sink heads: the highest mean sink score of :func:`reference_run`. Ordinary heads: the lowest
+    scores, at most one per layer, spread over the depth (they show what a head that does *not*
+    sink looks like on the same text).
+    """
+    scores = reference_run(data)["sink_score"]
+    flat = [(layer, head, float(s)) for layer, row in enumerate(scores)
+            for head, s in enumerate(row) if s is not None]
+    by_score = sorted(flat, key=lambda t: (-t[2], t[0], t[1]))
+    sink = by_score[:n_sink]
+    taken = {(layer, head) for layer, head, _ in sink}
+    lowest_per_layer: dict[int, tuple[int, int, float]] = {}
+    for layer, head, s in sorted(flat, key=lambda t: (t[2], t[0], t[1])):
+        if (layer, head) not in taken and layer not in lowest_per_layer:
+            lowest_per_layer[layer] = (layer, head, s)
+    candidates = sorted(lowest_per_layer.values(), key=lambda t: (t[2], t[0]))
+    ordinary = sorted(candidates[: max(n_ordinary, 0)], key=lambda t: (t[0], t[1]))
+    if len(ordinary) < n_ordinary:  # few layers: allow several heads of one layer
+        rest = [t for t in sorted(flat, key=lambda t: (t[2], t[0], t[1]))
+                if (t[0], t[1]) not in taken and t not in ordinary]
+        ordinary = sorted(ordinary + rest[: n_ordinary - len(ordinary)], key=lambda t: t[:2])
+    return {"sink": sink, "ordinary": ordinary}
+
+
+def full_pattern(lower: Sequence[Sequence[float | None]]) -> list[list[float]]:
+    """A square causal pattern from its stored lower-triangular rows (row i: keys 0..i)."""
+    t = len(lower)
+    return [[(row[j] or 0.0) if j < len(row) else 0.0 for j in range(t)] for row in lower]
+
+
+def _script_json(obj: Any) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def attention_block(element_id: str, tokens: Sequence[str],
+                    heads: Sequence[Mapping[str, Any]], title: str = "") -> str:
+    """An HTML fragment: a circuitsvis ``AttentionHeads`` view of ``heads`` (each with layer,
+    head, sink_score and a lower-triangular ``pattern``), rendered when the page has loaded.
+
+    The page must load circuitsvis's JavaScript (any place in the page; rendering waits for
+    ``DOMContentLoaded``). The fragment itself contains no URL.
+    """
+    props = {
+        "attention": [full_pattern(h["pattern"]) for h in heads],
+        "tokens": list(tokens),
+        "attentionHeadNames": [f"L{h['layer']}H{h['head']} (sink {h['sink_score']:.2f})"
+                               for h in heads],
+        "maskUpperTri": True,
+    }
+    eid = html.escape(element_id)
+    caption = f"<p><strong>{html.escape(title)}</strong></p>\n" if title else ""
+    return (
+        f'<div class="mechsink-attention" markdown="0">\n{caption}'
+        f'<div id="{eid}" class="mechsink-cv"></div>\n'
+        f'<script type="application/json" id="{eid}-data">{_script_json(props)}</script>\n'
+        "<script>\ndocument.addEventListener(\"DOMContentLoaded\", function () {\n"
+        f"  var props = JSON.parse(document.getElementById({json.dumps(element_id + '-data')})"
+        ".textContent);\n"
+        f"  CircuitsVis.render({json.dumps(element_id)}, CircuitsVis.AttentionHeads, props);\n"
+        "});\n</script>\n</div>\n"
+    )
+
+
+def gallery_blocks(gallery: Mapping[str, Any], prefix: str = "cv") -> str:
+    """The sink heads and the ordinary heads of a gallery JSON, as two attention blocks."""
+    if gallery.get("schema") != GALLERY_SCHEMA:
+        raise ValueError(f"not a {GALLERY_SCHEMA} document (schema {gallery.get('schema')!r})")
+    out = []
+    for kind, title in (("sink", "Strongest sink heads"),
+                        ("ordinary", "Ordinary heads (lowest sink score), for contrast")):
+        heads = [h for h in gallery["heads"] if h["kind"] == kind]
+        if heads:
+            out.append(attention_block(f"{prefix}-{kind}", gallery["tokens"], heads, title))
+    return "\n".join(out)

@@ -1,0 +1,71 @@
+"""One matplotlib look for every mechsink figure.
+
+Figure functions wrap their drawing in :func:`styled` (a context manager, so a user's global
+rcParams are untouched afterwards) or are decorated with :func:`use_style`. The palette is
+colour-blind safe (Okabe-Ito); heatmaps use ``viridis`` for 0..1 scores and ``RdBu_r`` centred
+on 0 for signed effects.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from cycler import cycler  # noqa: E402
+
+PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
+           "#000000"]
+SCORE_CMAP = "viridis"  # scores in [0, 1] (sink score, attention)
+SIGNED_CMAP = "RdBu_r"  # signed effects, centred on 0
+DPI = 110
+
+RC: dict[str, Any] = {
+    "figure.dpi": DPI,
+    "savefig.dpi": DPI,
+    "savefig.bbox": "tight",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": False,
+    "grid.alpha": 0.3,
+    "legend.fontsize": 7,
+    "legend.frameon": False,
+    "lines.markersize": 4,
+    "image.cmap": SCORE_CMAP,
+    "axes.prop_cycle": cycler(color=PALETTE),
+}
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextmanager
+def styled() -> Iterator[None]:
+    """Draw inside this block with mechsink's style; the caller's rcParams come back after."""
+    with plt.rc_context(RC):
+        yield
+
+
+def use_style(fn: F) -> F:
+    """Decorator: run a figure function inside :func:`styled`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with styled():
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def save(fig: Any, path: Any) -> Any:
+    """Save ``fig`` at the house resolution and close it; returns ``path``."""
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

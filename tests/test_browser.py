@@ -1,0 +1,140 @@
+"""The built docs site in a real browser: headless Chromium (Debian's ``chromium``, driven by
+Playwright) opens a gallery page and a tutorial page served from 127.0.0.1 and checks that the
+circuitsvis attention views rendered (their DOM elements exist and have a size), that no
+request left localhost, and that the console shows no error. Screenshots go to the test's
+temporary folder (their paths are printed; ``pytest -s`` shows them).
+
+The site is built in quick mode (tiny models, about a minute on two cores). When Chromium or
+Playwright is missing the test is skipped and says how to install them (``.ci/run`` installs
+Chromium; Playwright comes with ``pip install -e '.[dev]'``).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def chromium_path() -> str:
+    path = os.environ.get("MECHSINK_CHROMIUM") or shutil.which("chromium") or shutil.which(
+        "chromium-browser")
+    if not path:
+        pytest.skip("Chromium not found: install Debian's package (apt-get install -y chromium) "
+                    "or set MECHSINK_CHROMIUM to a Chromium executable.")
+    return path
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from mechsink.docs_build import QUICK, build
+
+    root = tmp_path_factory.mktemp("docs")
+    return build(QUICK, site_dir=root / "site", cache_dir=root / "cache", work_dir=root / "work")
+
+
+@pytest.fixture(scope="module")
+def server(site: Path):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip(
+        "playwright.sync_api",
+        reason="Playwright is not installed: pip install -e '.[dev]' (it drives the system "
+               "Chromium; no browser download is needed)")
+    executable = chromium_path()
+    with sync_api.sync_playwright() as p:
+        try:
+            b = p.chromium.launch(executable_path=executable, headless=True,
+                                  args=["--no-sandbox", "--disable-gpu"])
+        except Exception as exc:  # a Chromium that cannot start here is an environment problem
+            pytest.skip(f"Chromium at {executable} does not start: {exc}")
+        yield b
+        b.close()
+
+
+def visit(browser, url: str, origin: str, shot: Path) -> dict:
+    """Open ``url``; record requests and console errors; wait for the attention views."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(f"console {m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.goto(url, wait_until="load")
+    views = page.locator(".mechsink-cv")
+    count = views.count()
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.mechsink-cv')]"
+        ".every(e => e.children.length > 0 && e.getBoundingClientRect().height > 50)",
+        timeout=20_000)
+    boxes = [views.nth(i).bounding_box() for i in range(count)]
+    inner = page.evaluate(
+        "() => [...document.querySelectorAll('.mechsink-cv')].map(e => e.querySelectorAll("
+        "'*').length)")
+    page.wait_for_timeout(300)  # let the canvases paint before the screenshot
+    page.screenshot(path=str(shot), full_page=True)
+    views.first.screenshot(path=str(shot.with_name(shot.stem + "-view.png")))
+    page.close()
+    offsite = [u for u in requests if not (u.startswith(origin + "/") or u.startswith("data:")
+                                           or u.startswith("blob:"))]
+    return {"count": count, "boxes": boxes, "inner": inner, "requests": requests,
+            "offsite": offsite, "errors": errors}
+
+
+@pytest.mark.parametrize("page_path", ["gallery/random-llama-tiny/", "tutorials/scan/"])
+def test_attention_views_render_offline(browser, server: str, site: Path, page_path: str,
+                                        tmp_path: Path) -> None:
+    assert (site / page_path / "index.html").is_file()
+    shot = tmp_path / (page_path.strip("/").replace("/", "-") + ".png")
+    seen = visit(browser, f"{server}/{page_path}", server, shot)
+    print(f"\nscreenshots: {shot} and {shot.with_name(shot.stem + '-view.png')}")
+
+    assert seen["count"] == 2, "expected the sink-head and the ordinary-head views"
+    for box, n_elements in zip(seen["boxes"], seen["inner"], strict=True):
+        assert box is not None and box["width"] > 100 and box["height"] > 50
+        assert n_elements > 10, "circuitsvis rendered (almost) nothing"
+    assert any(u.endswith("/assets/js/circuitsvis.js") for u in seen["requests"])
+    assert seen["offsite"] == [], f"requests left localhost: {seen['offsite']}"
+    assert seen["errors"] == [], seen["errors"]
+    assert shot.stat().st_size > 10_000
+
+
+def test_every_page_is_offline(site: Path) -> None:
+    """No built page loads a script, stylesheet, font or image from another host."""
+    import re
+
+    remote = re.compile(r"""<(?:script|img|iframe|link)\b[^>]*\b(?:src|href)\s*=\s*["']?"""
+                        r"""(?:https?:)?//""", re.I)
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 15
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        hits = [m.group(0) for m in remote.finditer(text)]
+        # <link rel="canonical"> etc. are not loads; only stylesheets/icons/preloads would be
+        hits = [h for h in hits if not h.lower().startswith("<link")
+                or re.search(r"stylesheet|icon|preload|prefetch", h, re.I)]
+        assert hits == [], f"{page.relative_to(site)} loads from the internet: {hits}"
+    for css in site.rglob("*.css"):
+        assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", css.read_text("utf-8")), css
