@@ -8,7 +8,7 @@ TORCH   ?= torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench docs clean
 
 setup: $(STAMP)
 
@@ -37,6 +37,12 @@ bench: setup
 	$(BIN)/python benchmarks/census.py
 	$(BIN)/python benchmarks/patching.py
 	$(BIN)/python benchmarks/training.py
+
+# The docs site: runs the experiments the pages show (cached in docs/_cache, so a second build
+# takes seconds), renders the pages and builds docs/_site. MECHSINK_DOCS_QUICK=1: tiny models.
+docs: setup
+	$(BIN)/python -m mechsink.docs_build
+	@echo "The site is in docs/_site: open docs/_site/index.html (it works offline)."
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -373,9 +373,11 @@ def fmt(x: Any, digits: int = 3) -> str:
     if isinstance(x, int):
         return str(x)
     if isinstance(x, float):
-        if x != 0 and (abs(x) >= 10 ** 5 or abs(x) < 10 ** -3):
+        if x != 0 and (abs(x) >= 10 ** 6 or abs(x) < 10 ** -3):
             return f"{x:.{digits}g}"
-        return f"{x:.{digits}g}" if abs(x) >= 100 else f"{x:.{digits}f}".rstrip("0").rstrip(".")
+        if abs(x) >= 100:
+            return f"{x:.0f}"
+        return f"{x:.{digits}f}".rstrip("0").rstrip(".")
     return str(x)
 
 

@@ -1,0 +1,219 @@
+"""The docs build's pieces: head choice, attention blocks, figure style, notebook rendering, the
+result cache, page tables; and that every page template renders from a real (tiny) census."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import matplotlib as mpl
+import pytest
+
+from mechsink import docs_build
+from mechsink.viz import gallery, style
+
+
+def fake_census(scores: list[list[float]]) -> dict:
+    n_layers = len(scores)
+    run = {"name": "natural/bos", "suite": "natural", "variant": "bos", "sink_score": scores,
+           "sink_rate": 0.5, "sink_rate_no_self": 0.25}
+    other = {**run, "name": "random/nobos", "suite": "random", "variant": "nobos",
+             "sink_score": [[0.0] * len(scores[0])] * n_layers}
+    return {"model": "fake", "runs": [other, run],
+            "settings": {"suites": ["natural", "random"], "variants": ["bos", "nobos"],
+                         "eps": 0.3}}
+
+
+def test_choose_heads_takes_strongest_and_weakest_from_the_natural_run() -> None:
+    scores = [[0.9, 0.1, 0.5], [0.05, 0.95, 0.2], [0.3, 0.01, 0.8], [0.7, 0.6, 0.02]]
+    heads = gallery.choose_heads(fake_census(scores), n_sink=3, n_ordinary=3)
+    assert [(lay, h) for lay, h, _ in heads["sink"]] == [(1, 1), (0, 0), (2, 2)]
+    ordinary = [(lay, h) for lay, h, _ in heads["ordinary"]]
+    assert ordinary == [(1, 0), (2, 1), (3, 2)]  # lowest three, one per layer, in layer order
+    assert not set(ordinary) & {(lay, h) for lay, h, _ in heads["sink"]}
+
+
+def test_choose_heads_on_a_one_layer_model_still_finds_ordinary_heads() -> None:
+    heads = gallery.choose_heads(fake_census([[0.9, 0.1, 0.5, 0.2, 0.3]]), n_sink=2,
+                                 n_ordinary=2)
+    assert [h for _, h, _ in heads["sink"]] == [0, 2]
+    assert sorted(h for _, h, _ in heads["ordinary"]) == [1, 3]
+
+
+def test_attention_block_embeds_parsable_props_without_urls() -> None:
+    heads = [{"layer": 0, "head": 1, "sink_score": 0.75,
+              "pattern": [[1.0], [0.6, 0.4], [0.5, 0.25, 0.25]]}]
+    tokens = ["<s>", "</script><script>alert(1)</script>", "b"]
+    block = gallery.attention_block("cv-x", tokens, heads, title="t")
+    assert "http" not in block and "</script><script>alert" not in block
+    start = block.index('id="cv-x-data">') + len('id="cv-x-data">')
+    props = json.loads(block[start:block.index("</script>", start)])
+    assert props["tokens"] == tokens
+    assert props["attention"] == [[[1.0, 0.0, 0.0], [0.6, 0.4, 0.0], [0.5, 0.25, 0.25]]]
+    assert props["attentionHeadNames"] == ["L0H1 (sink 0.75)"]
+    with pytest.raises(ValueError, match="mechsink-gallery/1"):
+        gallery.gallery_blocks({"schema": "other"})
+
+
+def test_styled_restores_the_callers_rcparams() -> None:
+    before = mpl.rcParams["axes.spines.top"]
+    with style.styled():
+        assert mpl.rcParams["axes.spines.top"] is False
+        assert mpl.rcParams["axes.prop_cycle"].by_key()["color"][0] == style.PALETTE[0]
+    assert mpl.rcParams["axes.spines.top"] == before
+
+
+def test_cache_reuses_finished_results_and_redoes_unfinished_ones(tmp_path: Path) -> None:
+    cache = docs_build.Cache(tmp_path)
+    calls = []
+
+    def produce(out: Path) -> None:
+        calls.append(out)
+        (out / "r.txt").write_text("x")
+
+    a = cache.get("scan", "organism:x", {"n": 1}, produce)
+    b = cache.get("scan", "organism:x", {"n": 1}, produce)
+    assert a == b and len(calls) == 1 and (a / "r.txt").read_text() == "x"
+    assert a.name.startswith("scan-organism-x-")
+    c = cache.get("scan", "organism:x", {"n": 2}, produce)
+    assert c != a and len(calls) == 2
+    (c / ".done").unlink()  # an interrupted run is redone
+    cache.get("scan", "organism:x", {"n": 2}, produce)
+    assert len(calls) == 3
+
+    def fails(out: Path) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        cache.get("scan", "m", {}, fails)
+    assert not cache.folder("scan", "m", {}).exists()
+
+
+def test_set_parameters_rewrites_only_the_tagged_cell() -> None:
+    nbformat = pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    p = new_code_cell('MODEL = "smollm2-135m"  # any zoo name\nN = 8')
+    p.metadata["tags"] = ["parameters"]
+    nb = new_notebook(cells=[new_code_cell('MODEL = "keep"'), p])
+    docs_build.set_parameters(nb, {"MODEL": "random:llama-tiny", "N": 2})
+    assert nb.cells[1].source == "MODEL = 'random:llama-tiny'\nN = 2"
+    assert nb.cells[0].source == 'MODEL = "keep"'
+    with pytest.raises(ValueError, match="SEQ_LEN"):
+        docs_build.set_parameters(nb, {"SEQ_LEN": 3})
+    assert nbformat.validate(nb) is None
+
+
+def test_notebook_markdown_keeps_prints_and_images_and_drops_stderr(tmp_path: Path) -> None:
+    pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    png = base64.b64encode(b"\x89PNG fake").decode()
+    code = new_code_cell("print(1)", outputs=[
+        new_output("stream", name="stdout", text="one\n"),
+        new_output("stream", name="stderr", text="Loading weights 100%\n"),
+        new_output("stream", name="stdout", text="two\n"),
+        new_output("display_data", data={"image/png": png, "text/plain": "<Figure>"}),
+        new_output("execute_result", data={"text/plain": "42",
+                                           "text/html": "<script src='//x'></script>"},
+                   execution_count=1),
+    ])
+    nb = new_notebook(cells=[new_markdown_cell("# Title"), code])
+    md = docs_build.notebook_markdown(nb, tmp_path / "files", "files")
+    assert md.startswith("# Title")
+    assert "```text\none\ntwo\n```" in md and "Loading weights" not in md
+    assert "![output 1](files/output-1.png)" in md
+    assert (tmp_path / "files" / "output-1.png").read_bytes() == b"\x89PNG fake"
+    assert "42" in md and "<script" not in md
+    bad = new_notebook(cells=[new_code_cell("1/0", outputs=[
+        new_output("error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])])])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        docs_build.notebook_markdown(bad, tmp_path / "f2", "f2")
+
+
+def test_fmt_and_path_table() -> None:
+    assert docs_build.fmt(None) == "-"
+    assert docs_build.fmt(0.68009) == "0.68"
+    assert docs_build.fmt(24926.2) == "24926"
+    assert docs_build.fmt(2.5e7) == "2.5e+07"
+    assert docs_build.fmt(0.0001234) == "0.000123"
+    assert docs_build.fmt(12) == "12"
+    result = {"axes": ["sender"], "labels": {"sender": ["A", "B", "C"]},
+              "values": [0.5, 0.2, 0.6], "clean_value": 0.5}
+    frozen = {**result, "values": [0.5, 0.4, 0.1]}
+    table = docs_build.path_table({"path_recomputed": result, "path_frozen": frozen}, k=2)
+    lines = table.strip().splitlines()
+    assert lines[0] == "| sender | scales = recomputed | scales = frozen |"
+    assert lines[2] == "| `B` | -0.3000 | -0.1000 |"  # the largest drop first
+    assert lines[3] == "| `A` | +0.0000 | +0.0000 |"
+    assert len(lines) == 4
+
+
+@pytest.fixture(scope="module")
+def tiny_census(llama_tiny) -> dict:
+    from mechsink.census import census
+
+    return census(llama_tiny, n=2, seq_len=12, model_name="random:llama-tiny").to_dict()
+
+
+def test_figures_are_drawn_from_the_census_json(tiny_census: dict, tmp_path: Path) -> None:
+    from mechsink.viz.figures import FIGURES, write_figures
+
+    # a JSON round trip: the figures need nothing but what census.json holds
+    data = json.loads(json.dumps(tiny_census))
+    paths = write_figures(data, tmp_path)
+    assert [p.name for p in paths] == list(FIGURES)
+    for p in paths:
+        assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 5_000
+
+
+def test_tables_are_made_from_the_census(tiny_census: dict) -> None:
+    table = docs_build.sink_rate_table(tiny_census)
+    rows = table.strip().splitlines()
+    assert rows[0] == "| input | bos | nobos | randfirst |"
+    assert [r.split(" | ")[0] for r in rows[2:]] == ["| natural", "| random", "| repeated"]
+    r = docs_build.run_of(tiny_census, "random/nobos")
+    assert f"{docs_build.fmt(r['sink_rate'])} ({docs_build.fmt(r['sink_rate_no_self'])})" \
+        in rows[3]
+    assert "natural/randfirst" in docs_build.variance_table(tiny_census)
+    assert docs_build.norm_ratio_table(tiny_census).count("\n") == 2 + len(tiny_census["runs"])
+    assert "n = 2 sequences of T = 12" in docs_build.settings_line(tiny_census)
+
+
+def test_every_page_template_renders(tiny_census: dict, tmp_path: Path) -> None:
+    """Each Markdown page under docs/ renders (StrictUndefined: a missing number fails) from
+    a census plus stand-ins for the other results; no Jinja syntax survives."""
+    from mechsink.viz.gallery import GALLERY_SCHEMA, choose_heads
+
+    heads = choose_heads(tiny_census, n_sink=2, n_ordinary=1)
+    g = {"schema": GALLERY_SCHEMA, "model": "random:llama-tiny", "run": "natural/bos",
+         "seq_len": 2, "tokens": ["a", "b"],
+         "heads": [{"kind": k, "layer": lay, "head": h, "sink_score": s,
+                    "pattern": [[1.0], [0.5, 0.5]]} for k, hs in heads.items()
+                   for lay, h, s in hs]}
+    patch = {"axes": ["sender"], "labels": {"sender": ["MLP0@0"]}, "values": [0.1],
+             "clean_value": 0.2}
+    snippet = {"code": "print(1)", "output": "1", "folder": tmp_path,
+               "json": {"path_recomputed": patch, "path_frozen": patch}}
+    circuit = {"folder": tmp_path, "result": {"n": 2, "seq_len": 12}, "summary": "ok",
+               "figures": ["f.png"]}
+    site = docs_build.Site(
+        docs_build.QUICK, {"random:llama-tiny": tiny_census}, {"random:llama-tiny": g},
+        {name: circuit for name in docs_build.CIRCUITS},
+        {name: snippet for name in docs_build.SNIPPETS}, {})
+    src = tmp_path / "src"
+    src.mkdir()
+    gallery_pages = docs_build.render_pages(site, src)
+    assert gallery_pages == [("random:llama-tiny", "gallery/random-llama-tiny.md")]
+    pages = sorted(src.rglob("*.md"))
+    assert len(pages) >= 18
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        assert "{{" not in text and "{%" not in text, page
+    scan = (src / "tutorials" / "scan.md").read_text()
+    assert scan.count('class="mechsink-cv"') == 2
+    concept = (src / "concepts" / "sink-score.md").read_text()
+    assert "](../assets/random-llama-tiny/sink_rates.png)" in concept
+    assert (src / "assets" / "random-llama-tiny" / "sink_rates.png").is_file()
+    assert (src / "assets" / "js" / "circuitsvis.js").stat().st_size > 100_000
