@@ -119,7 +119,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     effect into the channel; minimal-circuit members in red."""
     nodes, edges = result["nodes"], result["edges"]
     members = set(result["circuit"]["members"])
-    fig, (ax_g, ax_b) = plt.subplots(2, 1, figsize=(max(9, 0.22 * len(nodes)), 8.5),
+    fig, (ax_g, ax_b) = plt.subplots(2, 1, figsize=(min(16, max(9, 0.13 * len(nodes))), 8.5),
                                      gridspec_kw={"height_ratios": [3, 2]})
     keys = ("via_mlp_to_channel", "direct_to_sink")
     peaks = {k: _peak(nodes, k) for k in keys}
@@ -138,8 +138,13 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
                 (x0, y0), (x1, y1) = pos[n["name"]], pos[to]
                 ax_g.plot([x0, x1], [y0, y1], color=color, alpha=0.7,
                           lw=0.3 + 6 * abs(n[key]) / peak, ls="-" if n[key] > 0 else "--")
-    for a, b in ((mlp, channel), (channel, sink)):
+    via_sink = max((abs(n["via_mlp_to_sink"]) for n in nodes), default=0.0)
+    arrows = ((mlp, channel, f"clean {result['clean']['via_mlp_to_channel']:.6g}"),
+              (channel, sink, f"largest effect via {mlp}: {via_sink:.3g}"))
+    for a, b, label in arrows:
         ax_g.annotate("", pos[b], pos[a], arrowprops={"arrowstyle": "->", "lw": 2})
+        (xa, ya), (xb, yb) = pos[a], pos[b]
+        ax_g.text((xa + xb) / 2, (ya + yb) / 2 + 0.04, label, ha="center", fontsize=7)
     for name, (x, y) in pos.items():
         ax_g.text(x, y, name, ha="center", va="center", fontsize=8,
                   bbox={"boxstyle": "round", "fc": "mistyrose" if name in members else "white"})
@@ -153,7 +158,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     ax_b.bar(x, [n["via_mlp_to_channel"] for n in nodes],
              color=["tab:red" if n["name"] in members else "tab:gray" for n in nodes])
     ax_b.set(ylabel=f"{channel}: clean - patched")
-    ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=6)
+    ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=5)
     ax_b.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
