@@ -401,11 +401,15 @@ def sink_rate_table(data: Mapping[str, Any]) -> str:
     return head + "\n".join(rows) + "\n"
 
 
-def massive_table(data: Mapping[str, Any], run: str, k: int = 5) -> str:
+def massive_table(data: Mapping[str, Any], run: str, k: int = 5, median: str = "token") -> str:
+    """The ``k`` largest massive activations of a run; ``median="token"`` (the median of the
+    token's own channels, SCIENCE.md) or ``"layer"`` (of the whole layer, Sun et al.'s code)."""
     r = run_of(data, run)
-    items = sorted(r["massive_activations"], key=lambda m: -abs(m["max_abs"]))[:k]
+    key = "massive_activations" if median == "token" else "massive_activations_layer_median"
+    items = sorted(r[key], key=lambda m: -abs(m["max_abs"]))[:k]
     if not items:
-        return f"*No massive activations on {r['name']}.*\n"
+        return (f"*No massive activations on {r['name']} with the {median} median "
+                f"({len(r[key])} entries).*\n")
     lines = ["| layer | position | channel | mean value | x median | max abs | sequences |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {m['layer']} | {m['position']} | {m['channel']} | {fmt(m['value'])} | "
@@ -457,7 +461,7 @@ def variance_table(data: Mapping[str, Any]) -> str:
 def path_table(results: Mapping[str, Mapping[str, Any]], k: int = 8) -> str:
     """Markdown table of path-patching effects (value - clean value) per sender, one column per
     result (``path_recomputed``, ``path_frozen``), largest drop under the first one first."""
-    names = list(results)
+    names = sorted(results, key=lambda n: (n != "path_recomputed", n))  # the model's own first
     first = results[names[0]]
     senders = first["labels"][first["axes"][0]]
     effects = {n: dict(zip(r["labels"][r["axes"][0]],
@@ -480,8 +484,13 @@ def settings_line(data: Mapping[str, Any]) -> str:
 
 def summary_body(md: str) -> str:
     """A circuits ``summary.md`` without its title and image lines (the page has its own)."""
-    lines = [line for line in md.splitlines() if not line.startswith("# ")
-             and not line.startswith("![")]
+    lines: list[str] = []
+    for line in md.splitlines():
+        if line.startswith(("# ", "![")):
+            continue
+        if line.startswith("|") and lines and lines[-1].strip() and not lines[-1].startswith("|"):
+            lines.append("")  # a Markdown table needs a blank line before it
+        lines.append(line)
     return "\n".join(lines).strip() + "\n"
 
 
@@ -579,12 +588,13 @@ def write_notebook_pages(site: Site, src: Path) -> None:
         nb = nbformat.read(folder / "executed.ipynb", as_version=4)
         page = src / "notebooks" / f"{name}.md"
         body = notebook_markdown(nb, src / "notebooks" / f"{name}_files", f"{name}_files")
-        header = (f"<!-- generated from docs/notebooks/{name}.ipynb -->\n\n"
-                  f"[Download the notebook]({name}.ipynb) · executed on `{site.plan.main}` for "
-                  "this page ([executed copy]"
-                  f"({name}.executed.ipynb)). Change `MODEL` in the first code cell to adapt it."
-                  "\n\n")
-        atomic_write_text(page, header + body)
+        header = (f"[Download the notebook]({name}.ipynb) · executed on `{site.plan.main}` for "
+                  f"this page ([executed copy]({name}.executed.ipynb)). Change `MODEL` in the "
+                  "first code cell to adapt it.\n\n")
+        title, sep, rest = body.partition("\n")
+        text = (f"{title}\n\n{header}{rest}" if title.startswith("# ") and sep
+                else header + body)
+        atomic_write_text(page, f"<!-- generated from docs/notebooks/{name}.ipynb -->\n{text}")
         shutil.copy2(folder / "executed.ipynb", src / "notebooks" / f"{name}.executed.ipynb")
 
 

@@ -132,6 +132,11 @@ def test_notebook_markdown_keeps_prints_and_images_and_drops_stderr(tmp_path: Pa
         docs_build.notebook_markdown(bad, tmp_path / "f2", "f2")
 
 
+def test_summary_body_drops_title_and_images_and_separates_tables() -> None:
+    md = "# Title\n\nText.\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![fig](f.png)\n- verdict\n"
+    assert docs_build.summary_body(md) == "Text.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n- verdict\n"
+
+
 def test_fmt_and_path_table() -> None:
     assert docs_build.fmt(None) == "-"
     assert docs_build.fmt(0.68009) == "0.68"
@@ -142,7 +147,7 @@ def test_fmt_and_path_table() -> None:
     result = {"axes": ["sender"], "labels": {"sender": ["A", "B", "C"]},
               "values": [0.5, 0.2, 0.6], "clean_value": 0.5}
     frozen = {**result, "values": [0.5, 0.4, 0.1]}
-    table = docs_build.path_table({"path_recomputed": result, "path_frozen": frozen}, k=2)
+    table = docs_build.path_table({"path_frozen": frozen, "path_recomputed": result}, k=2)
     lines = table.strip().splitlines()
     assert lines[0] == "| sender | scales = recomputed | scales = frozen |"
     assert lines[2] == "| `B` | -0.3000 | -0.1000 |"  # the largest drop first
