@@ -11,14 +11,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mechsink.viz.style import PALETTE, save, use_style  # noqa: E402
+
+BLUE, ORANGE, GREEN, RED = PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
+GRAY = "#999999"
+
 
 def _save(fig: plt.Figure, path: str | Path) -> Path:
-    """Lay out, write as PNG and close (figures are never left open)."""
+    """Lay out, write as PNG at the house resolution and close (never left open)."""
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return Path(save(fig, Path(path)))
 
 
 def _smooth(values: list[float], width: int) -> np.ndarray:
@@ -28,10 +30,11 @@ def _smooth(values: list[float], width: int) -> np.ndarray:
     return np.convolve(v, np.ones(width) / width, mode="valid")
 
 
+@use_style
 def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     """Loss curves (mean and min-max band over seeds) and sink rate per checkpoint, per arm."""
     fig, (ax_loss, ax_sink) = plt.subplots(1, 2, figsize=(11, 4))
-    for color, (arm, runs) in zip(("tab:blue", "tab:orange"), result["arms"].items(),
+    for color, (arm, runs) in zip((BLUE, ORANGE), result["arms"].items(),
                                   strict=False):
         width = max(1, len(runs[0]["losses"]) // 50)
         curves = np.stack([_smooth(r["losses"], width) for r in runs])
@@ -51,6 +54,7 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+@use_style
 def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
     """Sink score of each sink head: baseline and after each ablation (grouped bars)."""
     heads = result["sink_heads"]
@@ -69,6 +73,7 @@ def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+@use_style
 def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
     """Sink rate, first-token norm ratio, largest residual value and loss against step."""
     pts = [p for p in timeline["points"] if p["step"] > 0]
@@ -86,19 +91,20 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+@use_style
 def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     """Left: super-neuron dose-response (channel size and sink rate at key 0). Right: the sink
     at position k before and after each intervention."""
     fig, (ax_dose, ax_move) = plt.subplots(1, 2, figsize=(12, 4))
     doses = result["dose_response"]
     scales = [d["scale"] for d in doses]
-    ax_dose.plot(scales, [d["channel_max_abs"] for d in doses], marker="o", color="tab:red")
+    ax_dose.plot(scales, [d["channel_max_abs"] for d in doses], marker="o", color=RED)
     sn = result["super_neuron"]
     ax_dose.set(xlabel="super-neuron scale at position 0", ylabel="max |channel| at position 0",
                 title=f"{result['model']}: L{sn['layer']} N{sn['neuron']} -> ch {sn['channel']}")
     twin = ax_dose.twinx()
-    twin.plot(scales, [d["sink_rate"] for d in doses], marker="s", color="tab:blue")
-    twin.set_ylabel("sink rate at key 0", color="tab:blue")
+    twin.plot(scales, [d["sink_rate"] for d in doses], marker="s", color=BLUE)
+    twin.set_ylabel("sink rate at key 0", color=BLUE)
     twin.set_ylim(0, 1)  # a full scale: small changes in the rate should look small
     moves = result["move"]
     labels = [f"k={m['k']}: {m['intervention']}" for m in moves]
@@ -113,6 +119,7 @@ def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+@use_style
 def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> Path:
     """The P0-sink circuit graph (the ``top`` components by path effect -> the super neuron's
     MLP -> massive channel, and -> the sink; line width ~ effect) above every candidate's path
@@ -130,8 +137,8 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     sink = next(e["to"] for e in edges if e["metric"] == "sink_score")
     pos = {name: (0.0, 1 - i / max(1, len(shown) - 1)) for i, name in enumerate(shown)}
     pos.update({mlp: (0.45, 0.5), channel: (0.75, 0.75), sink: (1.0, 0.35)})
-    for key, to, color in (("via_mlp_to_channel", mlp, "tab:red"),
-                           ("direct_to_sink", sink, "tab:blue")):
+    for key, to, color in (("via_mlp_to_channel", mlp, RED),
+                           ("direct_to_sink", sink, BLUE)):
         peak = _peak(nodes, key)
         for n in nodes:
             if n["name"] in pos and n[key]:
@@ -156,7 +163,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     ax_g.axis("off")
     x = np.arange(len(nodes))
     ax_b.bar(x, [n["via_mlp_to_channel"] for n in nodes],
-             color=["tab:red" if n["name"] in members else "tab:gray" for n in nodes])
+             color=[RED if n["name"] in members else GRAY for n in nodes])
     ax_b.set(ylabel=f"{channel}: clean - patched")
     ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=5)
     ax_b.grid(axis="y", alpha=0.3)
