@@ -20,7 +20,8 @@ writes a fixed high-norm state; it needs no BOS token. We measure:
 
 The circuit graph in result.json has a node per component plus the super neuron's MLP, the
 massive channel and the sink, and an edge per measured path with its effect (clean minus
-patched: positive means the component's position-0 output builds the target).
+patched: positive means the component's position-0 output builds the target); a component
+downstream of the super neuron's MLP has no edge through it (its effect there is null).
 
     python circuits/p0_sink.py --model smollm2-135m --out runs/p0
 """
@@ -50,6 +51,13 @@ def component_edit(model, name: str):
     c = parse_component(name)
     units = None if c.kind == "mlp" else [c.index]
     return ablate(model, SITES[c.kind], c.layer, mode="mean", units=units, positions=[0])
+
+
+def feeds_mlp(name: str, layer: int) -> bool:
+    """Whether a component's output can reach MLP ``layer``'s input (it sits upstream of it;
+    a neuron of that MLP counts, the MLP itself does not)."""
+    c = parse_component(name)
+    return c.layer < layer or (c.layer == layer and c.kind in ("head", "neuron"))
 
 
 def sink_layers(scores, after: int, top: int = 3) -> list[int]:
@@ -106,8 +114,9 @@ def main() -> None:
         res = path_patch(model, tokens, None, senders, receivers, metric,
                          ablation="position_mean", batch_size=args.batch_size)
         clean_values[key] = res.clean_value
-        path_effects[key] = {c: res.clean_value - v
-                             for c, v in zip(components, res.values.tolist(), strict=True)}
+        path_effects[key] = {  # None: the component is not upstream of the receiver
+            c: res.clean_value - v if receivers == ["metric"] or feeds_mlp(c, sn_layer) else None
+            for c, v in zip(components, res.values.tolist(), strict=True)}
 
     # (3) total effects and the minimal circuit
     cache: dict[frozenset, tuple[float, float]] = {}
@@ -130,7 +139,8 @@ def main() -> None:
              for c in components
              for k, to, via, m in (("via_mlp_to_channel", ch_node, mlp_node, "massive_value"),
                                    ("via_mlp_to_sink", sink_node, mlp_node, "sink_score"),
-                                   ("direct_to_sink", sink_node, None, "sink_score"))]
+                                   ("direct_to_sink", sink_node, None, "sink_score"))
+             if path_effects[k][c] is not None]
     result = {"schema": SCHEMA, "model": args.model, "n": args.n, "seq_len": args.seq_len,
               "ablation": "position_mean at position 0", "sink_layers": targets,
               "super_neuron": {k: sn[k] for k in ("layer", "neuron", "channel")},
@@ -169,12 +179,19 @@ def summary(result: dict) -> list[str]:
               f"{clean['via_mlp_to_sink']:.3f}). Largest effects:", "",
               "| component | via MLP -> channel | via MLP -> sink | direct -> sink | "
               "total sink-rate drop | total channel drop |", "|---|---|---|---|---|---|"]
-    top = sorted(result["nodes"], key=lambda n: -abs(n["via_mlp_to_channel"]))[:6]
+    top = sorted(result["nodes"], key=lambda n: -abs(n["via_mlp_to_channel"] or 0.0))[:6]
     top += sorted([n for n in result["nodes"] if n not in top],
-                  key=lambda n: -abs(n["direct_to_sink"]))[:4]
-    lines += [f"| {n['name']} | {n['via_mlp_to_channel']:+.1f} | {n['via_mlp_to_sink']:+.4f} | "
-              f"{n['direct_to_sink']:+.4f} | {n['sink_rate_drop']:+.3f} | "
-              f"{n['channel_drop']:+.1f} |" for n in top]
+                  key=lambda n: -abs(n["direct_to_sink"]))[:2]
+    top += sorted([n for n in result["nodes"] if n not in top],
+                  key=lambda n: -abs(n["sink_rate_drop"]))[:3]
+
+    def fmt(x: float | None, spec: str) -> str:
+        return "n/a" if x is None else format(x, spec)
+
+    lines += [f"| {n['name']} | {fmt(n['via_mlp_to_channel'], '+.1f')} | "
+              f"{fmt(n['via_mlp_to_sink'], '+.4f')} | {n['direct_to_sink']:+.4f} | "
+              f"{n['sink_rate_drop']:+.3f} | {n['channel_drop']:+.1f} |" for n in top]
+    lines += ["", "n/a: the component is not upstream of the super neuron's MLP."]
     c = result["circuit"]
     lines += ["", f"Minimal circuit: {', '.join(c['members']) or '(none)'}. Sink rate "
               f"{c['baseline']:.3f}; with the circuit ablated {c['without_circuit']:.3f} "

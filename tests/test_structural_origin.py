@@ -71,7 +71,12 @@ def test_p0_sink_script_runs_end_to_end(tmp_path):
     assert result["schema"] == "mechsink-p0-sink/2"
     assert set(result["first_token"]) == {"bos", "nobos", "randfirst"}
     assert len(result["nodes"]) == 4 + 1 + 1  # layer-0 heads, layer-0 MLP, the super neuron
-    assert len(result["edges"]) == 3 * len(result["nodes"])  # two paths to the sink, one to ch
+    sn_mlp = f"MLP{result['super_neuron']['layer']}"
+    paths = ("via_mlp_to_channel", "via_mlp_to_sink", "direct_to_sink")
+    assert len(result["edges"]) == sum(n[k] is not None for n in result["nodes"] for k in paths)
+    mlp_node = next(n for n in result["nodes"] if n["name"] == sn_mlp)
+    assert mlp_node["via_mlp_to_channel"] is None  # not upstream of itself: no edge through it
+    assert not [e for e in result["edges"] if e["from"] == sn_mlp and e["via"]]
     assert {e["metric"] for e in result["edges"]} == {"massive_value", "sink_score"}
     assert all(e["from"] in {n["name"] for n in result["nodes"]} for e in result["edges"])
     assert (out / "p0_circuit.png").is_file()

@@ -130,7 +130,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
                                      gridspec_kw={"height_ratios": [3, 2]})
     keys = ("via_mlp_to_channel", "direct_to_sink")
     peaks = {k: _peak(nodes, k) for k in keys}
-    ranked = sorted(nodes, key=lambda n: -sum(abs(n[k]) / peaks[k] for k in keys))
+    ranked = sorted(nodes, key=lambda n: -sum(abs(n[k] or 0.0) / peaks[k] for k in keys))
     shown = [n["name"] for n in ranked[:top]]
     mlp = next(e["via"] for e in edges if e["via"])
     channel = next(e["to"] for e in edges if e["metric"] == "massive_value")
@@ -145,7 +145,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
                 (x0, y0), (x1, y1) = pos[n["name"]], pos[to]
                 ax_g.plot([x0, x1], [y0, y1], color=color, alpha=0.7,
                           lw=0.3 + 6 * abs(n[key]) / peak, ls="-" if n[key] > 0 else "--")
-    via_sink = max((abs(n["via_mlp_to_sink"]) for n in nodes), default=0.0)
+    via_sink = max((abs(n["via_mlp_to_sink"] or 0.0) for n in nodes), default=0.0)
     arrows = ((mlp, channel, f"clean {result['clean']['via_mlp_to_channel']:.6g}"),
               (channel, sink, f"largest effect via {mlp}: {via_sink:.3g}"))
     for a, b, label in arrows:
@@ -162,13 +162,13 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     ax_g.title.set_fontsize(9)
     ax_g.axis("off")
     x = np.arange(len(nodes))
-    ax_b.bar(x, [n["via_mlp_to_channel"] for n in nodes],
+    ax_b.bar(x, [n["via_mlp_to_channel"] or 0.0 for n in nodes],
              color=[RED if n["name"] in members else GRAY for n in nodes])
-    ax_b.set(ylabel=f"{channel}: clean - patched")
+    ax_b.set(ylabel=f"{channel}: clean - patched\n(via {mlp}; 0 where not upstream)")
     ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=5)
     ax_b.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
 
 def _peak(nodes: list[dict[str, Any]], key: str) -> float:
-    return max((abs(n[key]) for n in nodes), default=0.0) or 1.0
+    return max((abs(n[key] or 0.0) for n in nodes), default=0.0) or 1.0
