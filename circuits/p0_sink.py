@@ -7,9 +7,10 @@ writes a fixed high-norm state; it needs no BOS token. We measure:
    random first token;
 2. path patching (mechsink.patching.path_patch, ``ablation="position_mean"``) from every
    early component's *position-0* output (each attention head and MLP of blocks
-   0..``--layers``-1, default through the super neuron's block, plus the dominant super
-   neuron): its output at position 0 is replaced by its mean over the later positions of the
-   same sequence (what an ordinary position writes), and the change is followed
+   0..``--layers``-1, by default through the super neuron's block and at least the first 4,
+   plus the dominant super neuron): its output at position 0 is replaced by its mean over
+   the later positions of the same sequence (what an ordinary position writes), and the change
+   is followed
    (a) through the super neuron's MLP into the massive channel at position 0,
    (b) through the super neuron's MLP into the sink scores at key 0 of the later layers with
    the strongest sinks, and (c) directly (every other component frozen) into those sink scores;
@@ -74,7 +75,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=32)
     parser.add_argument("--layers", type=int, default=None,
-                        help="candidate blocks 0..layers-1 (default: through the super neuron's)")
+                        help="candidate blocks 0..layers-1 (default: through the super "
+                        "neuron's, at least 4)")
     parser.add_argument("--batch-size", type=int, default=8, help="senders per path-patch batch")
     parser.add_argument("--seed", type=int, default=None, help="weights seed (random: models)")
     args = parser.parse_args()
@@ -94,7 +96,8 @@ def main() -> None:
     first_token = {v: dict(zip(("sink_rate", "channel_max_abs"), measure(t)[:2], strict=True))
                    for v, t in prompts.items()}
     targets = sink_layers(measure(tokens)[2], sn_layer)
-    n_blocks = min(args.layers if args.layers is not None else sn_layer + 1, model.cfg.n_layers)
+    default_blocks = max(sn_layer + 1, 4)
+    n_blocks = min(args.layers if args.layers is not None else default_blocks, model.cfg.n_layers)
     components = [f"L{lay}H{h}" for lay in range(n_blocks) for h in range(model.cfg.n_heads)]
     components += [f"MLP{lay}" for lay in range(n_blocks)]
     components.append(f"L{sn_layer}N{sn['neuron']}")
