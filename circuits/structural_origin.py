@@ -89,6 +89,26 @@ def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
     return rows
 
 
+def channel_life(values: list[float]) -> dict[str, dict]:
+    """Where the massive channel at position 0 (one value after each block) first reaches a
+    tenth of its peak, where it grows most in one block, and where it falls most after the peak."""
+    mag = [abs(v) for v in values]
+    peak = max(range(len(mag)), key=mag.__getitem__)
+    steps = [(lay, mag[lay] - (mag[lay - 1] if lay else 0.0)) for lay in range(len(mag))]
+    grow = max(steps, key=lambda s: s[1])[0]
+    falls = [s for s in steps if s[0] > peak]
+    fall = min(falls, key=lambda s: s[1])[0] if falls else None
+
+    def block(lay: int | None) -> dict | None:
+        if lay is None:
+            return None
+        return {"layer": lay, "before": values[lay - 1] if lay else 0.0, "after": values[lay]}
+
+    appears = next(lay for lay in range(len(mag)) if mag[lay] >= 0.1 * mag[peak])
+    return {"appears": block(appears), "amplified": block(grow), "removed": block(fall),
+            "peak": block(peak)}
+
+
 def verdicts(result: dict) -> dict[str, str]:
     ratios = result["variance"]["random"]["ratio"]
     c1, later = ratios[0], statistics.median(ratios[1:])
@@ -133,6 +153,7 @@ def main() -> None:
               "variance": variance_part(model, args.n, args.seq_len), "super_neuron": sn,
               "dose_response": dose_response(model, tokens, sn, args.scales),
               "move": move_the_sink(model, tokens, sn, args.positions)}
+    result["channel_life"] = channel_life(sn["channel_at_pos0"])
     result["verdicts"] = verdicts(result)
     atomic_write_text(args.out / "result.json", json.dumps(result, indent=1))
     plot_structural_origin(result, args.out / "structural_origin.png")
@@ -140,6 +161,10 @@ def main() -> None:
     lines = [f"# Structural origin of the sink on {args.model}", "",
              f"Super neuron: layer {sn['layer']}, neuron {sn['neuron']} -> channel "
              f"{sn['channel']} (mean |input| at position 0: {sn['input_at_pos0']:.1f}).", "",
+             "Channel at position 0, after each block (mean over the batch): "
+             + "; ".join(f"{what} at layer {b['layer']} ({b['before']:.1f} -> {b['after']:.1f})"
+                         for what, b in result["channel_life"].items() if b is not None) + ".",
+             "",
              "| super-neuron scale | sink rate, key 0 | mean sink score, key 0 | "
              "max |channel| at pos 0 |", "|---|---|---|---|"]
     lines += [f"| {r['scale']} | {r['sink_rate']:.3f} | {r['sink_score']:.3f} | "

@@ -44,6 +44,7 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
     assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
                                                             "channel planted"}
     assert set(result["verdicts"]) == {"C1", "C2/C3", "C4"}
+    assert set(result["channel_life"]) == {"appears", "amplified", "removed", "peak"}
     assert (out / "structural_origin.png").is_file()
 
 
@@ -60,6 +61,16 @@ def test_circuit_command_runs_a_script_by_name(tmp_path):
     assert (tmp_path / "o" / "result.json").is_file()
     bad = runner.invoke(app, ["circuit", "no_such_thing", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "structural_origin" in bad.output
+
+
+def test_channel_life_finds_appearance_amplification_and_removal():
+    sys.path.insert(0, str(ROOT / "circuits"))
+    from structural_origin import channel_life
+
+    life = channel_life([1.0, 20.0, 40.0, 300.0, 310.0, -5.0])
+    assert [life[k]["layer"] for k in ("appears", "amplified", "peak", "removed")] == [2, 3, 4, 5]
+    assert life["removed"] == {"layer": 5, "before": 310.0, "after": -5.0}
+    assert channel_life([0.0, 5.0])["removed"] is None  # peak at the last block: never removed
 
 
 def test_p0_sink_script_runs_end_to_end(tmp_path):
