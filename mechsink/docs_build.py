@@ -488,10 +488,26 @@ def summary_body(md: str) -> str:
     for line in md.splitlines():
         if line.startswith(("# ", "![")):
             continue
-        if line.startswith("|") and lines and lines[-1].strip() and not lines[-1].startswith("|"):
-            lines.append("")  # a Markdown table needs a blank line before it
+        if line.startswith("|"):
+            if lines and lines[-1].strip() and not lines[-1].startswith("|"):
+                lines.append("")  # a Markdown table needs a blank line before it
+            line = escape_cell_pipes(line)
         lines.append(line)
     return "\n".join(lines).strip() + "\n"
+
+
+def escape_cell_pipes(row: str) -> str:
+    """Escape the pipes of ``|x|`` inside the cells of a Markdown table row (a column separator
+    has whitespace or the line's end on both sides); separator rows are left alone."""
+    if re.fullmatch(r"[\s|:-]+", row):
+        return row
+    return re.sub(r"(?<!\\)\|", lambda m: "|" if _is_separator(row, m.start()) else "\\|", row)
+
+
+def _is_separator(row: str, i: int) -> bool:
+    before = i == 0 or row[i - 1].isspace()
+    after = i == len(row) - 1 or row[i + 1].isspace()
+    return before and after
 
 
 @dataclass

@@ -135,6 +135,10 @@ def test_notebook_markdown_keeps_prints_and_images_and_drops_stderr(tmp_path: Pa
 def test_summary_body_drops_title_and_images_and_separates_tables() -> None:
     md = "# Title\n\nText.\n| a | b |\n|---|---|\n| 1 | 2 |\n\n![fig](f.png)\n- verdict\n"
     assert docs_build.summary_body(md) == "Text.\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n- verdict\n"
+    row = "| k | max |channel| at k | 3 -> 4 |"
+    assert docs_build.escape_cell_pipes(row) == "| k | max \\|channel\\| at k | 3 -> 4 |"
+    assert docs_build.escape_cell_pipes("|---|:--:|") == "|---|:--:|"
+    assert docs_build.escape_cell_pipes("| a \\| b |") == "| a \\| b |"
 
 
 def test_fmt_and_path_table() -> None:
