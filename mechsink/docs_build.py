@@ -520,6 +520,7 @@ class Site:
     circuits: dict[str, dict[str, Any]]
     snippets: dict[str, dict[str, Any]]
     notebooks: dict[str, Path]
+    cache: Cache | None = None  # figures are cached too when given
 
 
 def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
@@ -540,7 +541,7 @@ def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
     snippets = {name: run_snippet(cache, name, plan.main) for name in SNIPPETS}
     nbs = ({name: run_notebook(cache, name, plan.main, plan.notebook_params.get(name, {}))
             for name in NOTEBOOKS} if notebooks else {})
-    return Site(plan, census, gallery, circuits, snippets, nbs)
+    return Site(plan, census, gallery, circuits, snippets, nbs, cache)
 
 
 def _copy_sources(dst: Path) -> list[Path]:
@@ -562,10 +563,20 @@ def write_assets(site: Site, src: Path) -> None:
     js = src / "assets" / "js" / "circuitsvis.js"
     js.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(js, circuitsvis_js())
+    code = b"".join((ROOT / "mechsink" / "viz" / f).read_bytes()
+                    for f in ("figures.py", "style.py"))
     for model, data in site.census.items():
         folder = src / "assets" / slug(model)
         folder.mkdir(parents=True, exist_ok=True)
-        write_figures(data, folder)
+        if site.cache is None:
+            write_figures(data, folder)
+        else:  # drawn once per (census, figure code)
+            key = {"census": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(),
+                   "code": hashlib.sha256(code).hexdigest()}
+            drawn = site.cache.get("figures", model, key,
+                                   lambda out, data=data: write_figures(data, out) and None)
+            for f in drawn.glob("*.png"):
+                shutil.copy2(f, folder / f.name)
         atomic_write_text(folder / "census.json", json.dumps(data, indent=1, sort_keys=True) + "\n")
     for name, c in site.circuits.items():
         folder = src / "assets" / "circuits" / name
