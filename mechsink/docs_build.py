@@ -14,8 +14,8 @@ then ``mkdocs build``.
 3. **Site**: ``mkdocs build`` (Material theme, web fonts off, circuitsvis's JavaScript served
    from the site itself: nothing loads from the internet) into ``docs/_site``.
 
-``--quick`` (or ``MECHSINK_DOCS_QUICK=1``) builds the same site on tiny models in well under a
-minute (the browser test uses it).
+``--quick`` (or ``MECHSINK_DOCS_QUICK=1``) builds the same site on tiny models in about a
+minute on two cores (the browser test uses it).
 """
 
 from __future__ import annotations
