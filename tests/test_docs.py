@@ -226,3 +226,30 @@ def test_every_page_template_renders(tiny_census: dict, tmp_path: Path) -> None:
     assert "](../assets/random-llama-tiny/sink_rates.png)" in concept
     assert (src / "assets" / "random-llama-tiny" / "sink_rates.png").is_file()
     assert (src / "assets" / "js" / "circuitsvis.js").stat().st_size > 100_000
+
+
+def test_patch_heatmap_is_drawn_from_the_saved_json(tmp_path: Path) -> None:
+    import torch
+
+    from mechsink.patching import PatchResult
+    from mechsink.patching.plot import heatmap as old_name
+    from mechsink.viz.patching import heatmap
+
+    assert old_name is heatmap  # PatchResult.heatmap and mechsink.patching.plot still work
+    values = torch.tensor([[0.0, 0.5, 1.0], [0.25, -0.5, 0.0]], dtype=torch.float64)
+    result = PatchResult(values=values, axes=("layer", "pos"),
+                         labels={"layer": [0, 1], "pos": [0, 1, 2]}, site="resid_pre",
+                         metric="logit_diff", clean_value=2.0, corrupted_value=-1.0,
+                         tokens=["<s>", "a", "b"], meta={"direction": "denoise"})
+    path = result.to_json(tmp_path / "r.json")
+    before = dict(mpl.rcParams)
+    fig = heatmap(path)
+    assert dict(mpl.rcParams) == before
+    ax = fig.axes[0]
+    image = ax.images[0]
+    assert image.get_cmap().name == style.SIGNED_CMAP
+    # effects: values minus the corrupted run's metric (the run input of a denoising sweep)
+    assert image.get_array().tolist() == (values + 1.0).float().tolist()
+    assert ax.get_title() == "resid_pre: logit_diff (clean 2, corrupted -1)"
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0:'<s>'", "1:'a'", "2:'b'"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]

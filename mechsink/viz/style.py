@@ -2,8 +2,9 @@
 
 Figure functions wrap their drawing in :func:`styled` (a context manager, so a user's global
 rcParams are untouched afterwards) or are decorated with :func:`use_style`. The palette is
-colour-blind safe (Okabe-Ito); heatmaps use ``viridis`` for 0..1 scores and ``RdBu_r`` centred
-on 0 for signed effects.
+colour-blind safe (Okabe-Ito); heatmaps use ``viridis`` for 0..1 scores and ``RdBu`` centred
+on 0 for signed effects. The matplotlib backend is left alone (figures show inline in a
+notebook; without a display matplotlib draws with Agg).
 """
 
 from __future__ import annotations
@@ -13,16 +14,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from cycler import cycler  # noqa: E402
+import matplotlib.pyplot as plt
+from cycler import cycler
 
 PALETTE = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442",
            "#000000"]
 SCORE_CMAP = "viridis"  # scores in [0, 1] (sink score, attention)
-SIGNED_CMAP = "RdBu_r"  # signed effects, centred on 0
+SIGNED_CMAP = "RdBu"  # signed effects, centred on 0 (positive blue)
 DPI = 110
 
 RC: dict[str, Any] = {
