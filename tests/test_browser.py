@@ -138,3 +138,40 @@ def test_every_page_is_offline(site: Path) -> None:
         assert hits == [], f"{page.relative_to(site)} loads from the internet: {hits}"
     for css in site.rglob("*.css"):
         assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", css.read_text("utf-8")), css
+
+
+@pytest.mark.parametrize("page_path", ["", "notebooks/patching_walkthrough/",
+                                       "concepts/sink-score/", "api/patching/"])
+def test_pages_load_their_figures_offline(browser, server: str, page_path: str) -> None:
+    """Every image on the page loads, from localhost only, with no console error."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests: list[str] = []
+    errors: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"{server}/{page_path}", wait_until="load")
+    broken = page.evaluate("() => [...document.images].filter(i => !i.complete || "
+                           "i.naturalWidth === 0).map(i => i.src)")
+    n_images = page.evaluate("() => document.images.length")
+    page.close()
+    assert broken == []
+    if page_path.startswith(("notebooks", "concepts")):
+        assert n_images >= 1
+    offsite = [u for u in requests if not u.startswith((server + "/", "data:", "blob:"))]
+    assert offsite == [] and errors == []
+
+
+def test_search_works_offline(browser, server: str) -> None:
+    """Material's search runs from the site's own index (a web worker, no network)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    requests: list[str] = []
+    page.on("request", lambda r: requests.append(r.url))
+    page.goto(f"{server}/", wait_until="load")
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    page.locator("input.md-search__input").fill("sink rate")
+    page.wait_for_selector(".md-search-result__item", timeout=15_000)
+    hits = page.locator(".md-search-result__item").count()
+    page.close()
+    assert hits > 0
+    assert all(u.startswith((server + "/", "data:", "blob:")) for u in requests), requests
