@@ -581,14 +581,14 @@ def write_assets(site: Site, src: Path) -> None:
     for name, c in site.circuits.items():
         folder = src / "assets" / "circuits" / name
         folder.mkdir(parents=True, exist_ok=True)
-        for f in c["folder"].iterdir():
-            if f.suffix in (".png", ".json", ".md"):
+        for f in c["folder"].iterdir():  # summary.md is part of the tutorial page
+            if f.suffix in (".png", ".json") and f.name != "settings.json":
                 shutil.copy2(f, folder / f.name)
     for name, s in site.snippets.items():
         folder = src / "assets" / "snippets" / name
         folder.mkdir(parents=True, exist_ok=True)
         for f in s["folder"].iterdir():
-            if f.suffix in (".png", ".json", ".txt"):
+            if f.suffix in (".png", ".json") and f.name != "settings.json":
                 shutil.copy2(f, folder / f.name)
 
 

@@ -170,7 +170,7 @@ def test_search_works_offline(browser, server: str) -> None:
     page.goto(f"{server}/", wait_until="load")
     page.locator("label.md-search__icon, .md-search__input").first.click()
     page.locator("input.md-search__input").fill("sink rate")
-    page.wait_for_selector(".md-search-result__item", timeout=15_000)
+    page.wait_for_selector(".md-search-result__item", timeout=60_000)  # builds its index first
     hits = page.locator(".md-search-result__item").count()
     page.close()
     assert hits > 0
