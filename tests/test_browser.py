@@ -166,11 +166,25 @@ def test_search_works_offline(browser, server: str) -> None:
     """Material's search runs from the site's own index (a web worker, no network)."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     requests: list[str] = []
+    errors: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(f"{m.type}: {m.text}"))
     page.goto(f"{server}/", wait_until="load")
-    page.locator("label.md-search__icon, .md-search__input").first.click()
-    page.locator("input.md-search__input").fill("sink rate")
-    page.wait_for_selector(".md-search-result__item", timeout=60_000)  # builds its index first
+    box = page.locator("input.md-search__input")
+    box.click()
+    page.wait_for_function(  # the worker has built its index: "Initializing search" is gone
+        "() => { const m = document.querySelector('.md-search-result__meta');"
+        " return m && m.textContent.trim() && !/initializ/i.test(m.textContent); }",
+        timeout=60_000)
+    box.press_sequentially("sink rate", delay=30)
+    try:
+        page.wait_for_selector(".md-search-result__item", timeout=30_000)
+    except Exception:
+        meta = page.locator(".md-search-result__meta").all_inner_texts()
+        value = page.locator("input.md-search__input").input_value()
+        page.close()
+        pytest.fail(f"no search result for {value!r}; meta {meta}; console {errors}; "
+                    f"requests {requests}")
     hits = page.locator(".md-search-result__item").count()
     page.close()
     assert hits > 0
