@@ -1,4 +1,13 @@
-"""Figures and pages made from a census.json (they read the JSON, never recompute)."""
+"""Figures and pages made from saved results (they read the JSON, never recompute).
+
+- :mod:`mechsink.viz.style`: the one matplotlib style (``styled()``, ``use_style``, ``save``).
+- :mod:`mechsink.viz.figures`: census figures from ``census.json``.
+- :mod:`mechsink.viz.attention`: circuitsvis attention pages with the JavaScript inlined.
+- :mod:`mechsink.viz.gallery`: sink heads beside ordinary heads, for the docs gallery.
+- :mod:`mechsink.viz.patching`: the heatmap of a patching result.
+- :mod:`mechsink.viz.report`: the census report folder (``mechsink scan``).
+- :mod:`mechsink.viz.experiments`: figures of the circuits scripts.
+"""
 
 from mechsink.viz.report import write_report
 
