@@ -173,7 +173,7 @@ def summary(result: dict) -> list[str]:
              f"Natural text, {result['n']} x {result['seq_len']} tokens; massive channel "
              f"{sn['channel']} (super neuron L{sn['layer']} N{sn['neuron']}); sink layers "
              f"{result['sink_layers']}.", "",
-             "| first token | sink rate at key 0 | max |channel| at pos 0 |", "|---|---|---|"]
+             "| first token | sink rate at key 0 | max abs channel at pos 0 |", "|---|---|---|"]
     lines += [f"| {v} | {m['sink_rate']:.3f} | {m['channel_max_abs']:.1f} |"
               for v, m in result["first_token"].items()]
     lines += ["", f"C5 (no BOS needed): {c5_verdict(result['first_token'])}.", "",

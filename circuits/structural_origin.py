@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--positions", type=int, nargs="+", default=[8, 16, 32])
-    parser.add_argument("--scales", type=float, nargs="+", default=[0, 0.5, 1, 1.5, 2, 3])
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.5, 1.0, 1.5, 2.0, 3.0])
     parser.add_argument("--seed", type=int, default=None, help="weights seed (random: models)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -166,11 +166,11 @@ def main() -> None:
                          for what, b in result["channel_life"].items() if b is not None) + ".",
              "",
              "| super-neuron scale | sink rate, key 0 | mean sink score, key 0 | "
-             "max |channel| at pos 0 |", "|---|---|---|---|"]
+             "max abs channel at pos 0 |", "|---|---|---|---|"]
     lines += [f"| {r['scale']} | {r['sink_rate']:.3f} | {r['sink_score']:.3f} | "
               f"{r['channel_max_abs']:.1f} |" for r in result["dose_response"]]
     lines += ["", "| k | intervention | sink at k before -> after | sink at 0 before -> after | "
-              "max |channel| at k before -> after |", "|---|---|---|---|---|"]
+              "max abs channel at k before -> after |", "|---|---|---|---|---|"]
     lines += [f"| {r['k']} | {r['intervention']} | {r['sink_at_k_before']:.3f} -> "
               f"{r['sink_at_k_after']:.3f} | {r['sink_at_0_before']:.3f} -> "
               f"{r['sink_at_0_after']:.3f} | {r['channel_at_k_before']:.1f} -> "
