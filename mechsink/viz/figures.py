@@ -8,7 +8,7 @@ the path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,19 @@ def _find(runs: list[dict[str, Any]], suite: str, variant: str) -> dict[str, Any
     return next((r for r in runs if r["suite"] == suite and r["variant"] == variant), None)
 
 
+def _panels(runs: list[dict[str, Any]], axes: Any) -> Iterator[tuple[Any, str, str, dict]]:
+    """(axis, suite, variant, run) for each panel of a suite x variant grid; panels without a
+    run are blanked."""
+    suites, variants = _grid(runs)
+    for i, s in enumerate(suites):
+        for j, v in enumerate(variants):
+            run = _find(runs, s, v)
+            if run is None:
+                axes[i][j].axis("off")
+            else:
+                yield axes[i][j], s, v, run
+
+
 def _nan(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
@@ -41,20 +54,14 @@ def sink_heatmaps(data: Mapping[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(len(suites), len(variants), squeeze=False, layout="constrained",
                              figsize=(3.2 * len(variants) + 1, 3.4 * len(suites)))
     image = None
-    for i, s in enumerate(suites):
-        for j, v in enumerate(variants):
-            ax = axes[i][j]
-            run = _find(runs, s, v)
-            if run is None:
-                ax.axis("off")
-                continue
-            scores = np.array([_nan(row) for row in run["sink_score"]])
-            image = ax.imshow(scores, aspect="auto", vmin=0, vmax=1, cmap=SCORE_CMAP,
-                              origin="lower", interpolation="nearest")
-            ax.set_title(f"{s}/{v}: rate {run['sink_rate']:.2f}", fontsize=9)
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
+    for ax, s, v, run in _panels(runs, axes):
+        scores = np.array([_nan(row) for row in run["sink_score"]])
+        image = ax.imshow(scores, aspect="auto", vmin=0, vmax=1, cmap=SCORE_CMAP,
+                          origin="lower", interpolation="nearest")
+        ax.set_title(f"{s}/{v}: rate {run['sink_rate']:.2f}", fontsize=9)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.8, label="sink score (Gu, key 0)")
     fig.suptitle(f"{data['model']}: sink score per layer and head")
@@ -68,21 +75,15 @@ def magnitudes(data: Mapping[str, Any], path: Path) -> Path:
     suites, variants = _grid(runs)
     fig, axes = plt.subplots(len(suites), len(variants), squeeze=False, sharey=True,
                              figsize=(3.4 * len(variants), 2.8 * len(suites)))
-    for i, s in enumerate(suites):
-        for j, v in enumerate(variants):
-            ax = axes[i][j]
-            run = _find(runs, s, v)
-            if run is None:
-                ax.axis("off")
-                continue
-            mags = run["layer_magnitudes"]
-            for key in ("top1", "top2", "top3", "median"):
-                if mags.get(key) is not None:
-                    ax.plot(_nan(mags[key]), marker=".", label=key)
-            ax.set_yscale("log")
-            ax.set_title(f"{s}/{v}", fontsize=9)
-            ax.set_xlabel("layer")
-            ax.grid(alpha=0.3)
+    for ax, s, v, run in _panels(runs, axes):
+        mags = run["layer_magnitudes"]
+        for key in ("top1", "top2", "top3", "median"):
+            if mags.get(key) is not None:
+                ax.plot(_nan(mags[key]), marker=".", label=key)
+        ax.set_yscale("log")
+        ax.set_title(f"{s}/{v}", fontsize=9)
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("|residual| (hook_resid_post)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{data['model']}: largest and median activation magnitudes per layer")
