@@ -93,9 +93,10 @@ def main() -> None:
         r = probe(model, t, list(edits), key_positions=[0], channel=channel)
         return r.rates[0], r.channel_values[0].abs().max().item(), r.scores[0]
 
-    first_token = {v: dict(zip(("sink_rate", "channel_max_abs"), measure(t)[:2], strict=True))
-                   for v, t in prompts.items()}
-    targets = sink_layers(measure(tokens)[2], sn_layer)
+    plain = {v: measure(t) for v, t in prompts.items()}  # one forward per first-token variant
+    first_token = {v: dict(zip(("sink_rate", "channel_max_abs"), m[:2], strict=True))
+                   for v, m in plain.items()}
+    targets = sink_layers(plain["bos"][2], sn_layer)
     default_blocks = max(sn_layer + 1, 4)
     n_blocks = min(args.layers if args.layers is not None else default_blocks, model.cfg.n_layers)
     components = [f"L{lay}H{h}" for lay in range(n_blocks) for h in range(model.cfg.n_heads)]
@@ -122,7 +123,7 @@ def main() -> None:
             for c, v in zip(components, res.values.tolist(), strict=True)}
 
     # (3) total effects and the minimal circuit
-    cache: dict[frozenset, tuple[float, float]] = {}
+    cache: dict[frozenset, tuple[float, float]] = {frozenset(): plain["bos"][:2]}
 
     def evaluate_both(ablated: frozenset) -> tuple[float, float]:
         if ablated not in cache:
