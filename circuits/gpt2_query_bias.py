@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from mechsink import load_model
-from mechsink.assets import atomic_write_text
 from mechsink.bridge import norm_params
 from mechsink.interventions import ablate, applied, remove_query_bias, rotate_keys
+from mechsink.io import atomic_write_text
 from mechsink.measure import sink_scores
 from mechsink.prompts import make_prompts
 from mechsink.query_bias import delta_attribution, residual_components, split_attention_logits

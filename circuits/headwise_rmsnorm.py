@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from mechsink.assets import atomic_write_text
+from mechsink.io import atomic_write_text
 from mechsink.timeline import sink_timeline
 from mechsink.training import HWRMS_SUFFIX, get_recipe, train
 from mechsink.viz.experiments import plot_twins

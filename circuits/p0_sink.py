@@ -34,9 +34,9 @@ import json
 from pathlib import Path
 
 from mechsink import load_model
-from mechsink.assets import atomic_write_text
 from mechsink.circuit_search import minimal_circuit, single_effects
 from mechsink.interventions import ablate
+from mechsink.io import atomic_write_text
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
 from mechsink.probe import dominant_super_neuron, probe

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from mechsink import load_model
-from mechsink.assets import atomic_write_text
+from mechsink.io import atomic_write_text
 from mechsink.seedprint import (
     INIT_SCHEMES,
     contraction_direction,

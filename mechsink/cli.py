@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from mechsink.errors import MechsinkError
+from mechsink.measure.sinks import DEFAULT_EPS
 
 app = typer.Typer(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
@@ -83,7 +84,7 @@ def scan(
         None, "--variant", help="bos, nobos, randfirst (repeat the option; default: all)"),
     n: int = typer.Option(32, "--n", help="sequences per suite and variant"),
     seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence (T)"),
-    eps: float = typer.Option(0.3, help="sink-rate threshold on the sink score, in (0, 1)"),
+    eps: float = typer.Option(DEFAULT_EPS, help="sink-rate threshold on the sink score, in (0, 1)"),
     seed: int = typer.Option(0, help="seed of the inputs (and the weights of random:... models)"),
     batch_size: int = typer.Option(8, "--batch-size", help="sequences per forward pass"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mechsink.assets import atomic_write_bytes, atomic_write_text
 from mechsink.errors import MissingDependencyError
+from mechsink.io import atomic_write_bytes, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -18,8 +18,7 @@ from torch import Tensor
 from mechsink.bridge import down_projection
 from mechsink.interventions import Intervention, applied
 from mechsink.measure import mlp_spikes, sink_scores
-
-DEFAULT_EPS = 0.3
+from mechsink.measure.sinks import DEFAULT_EPS
 
 
 @dataclass(frozen=True)

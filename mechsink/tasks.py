@@ -139,7 +139,7 @@ def _text_tokens() -> np.ndarray:
 def _save_npy_atomic(path: Path, arr: np.ndarray) -> None:
     import io
 
-    from mechsink.assets import atomic_write_bytes
+    from mechsink.io import atomic_write_bytes
 
     buf = io.BytesIO()
     np.save(buf, arr)

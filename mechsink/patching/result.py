@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from mechsink.bridge import token_strings
+from mechsink.io import atomic_write_json
 
 SCHEMA = "mechsink-patch/1"
 
@@ -72,17 +73,7 @@ class PatchResult:
 
     def to_json(self, path: str | Path) -> Path:
         """Write :meth:`to_dict` to ``path`` atomically (temporary file, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(self.to_dict(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_json(path, self.to_dict())
 
     @classmethod
     def from_json(cls, path: str | Path) -> PatchResult:
@@ -102,11 +93,3 @@ class PatchResult:
         from mechsink.patching.plot import heatmap
 
         return heatmap(self, ax=ax)
-
-
-def token_strings(model: Any, tokens: Tensor) -> list[str]:
-    """Readable strings for one row of token ids ('' when the model has no tokenizer)."""
-    tok = getattr(model, "tokenizer", None)
-    if tok is None:
-        return []
-    return [tok.decode([int(t)]) for t in tokens.tolist()]

@@ -64,7 +64,7 @@ def attention_page(data: Mapping[str, Any]) -> str:
 
 
 def write_attention_page(data: Mapping[str, Any], path: Path) -> Path:
-    from mechsink.assets import atomic_write_text
+    from mechsink.io import atomic_write_text
 
     atomic_write_text(path, attention_page(data))
     return path

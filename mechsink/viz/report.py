@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mechsink.assets import atomic_write_text
+from mechsink.io import atomic_write_text
 from mechsink.viz.attention import write_attention_page
 from mechsink.viz.figures import write_figures
 
