@@ -21,6 +21,7 @@ from torch import Tensor
 
 from mechsink import __version__
 from mechsink.bridge import (
+    act_name,
     architecture_summary,
     bos_token_id,
     check_seq_len,
@@ -238,7 +239,7 @@ def _run_one(
             _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None)
         parts.append(measure_cache(cache, w_out=w_out, w_o=w_o, eps=eps))
         if example_pattern is None:
-            example_pattern = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"][0]
+            example_pattern = torch.stack([cache[act_name("pattern", layer)][0]
                                            for layer in range(int(model.cfg.n_layers))]).cpu()
         del cache
         if progress is not None:

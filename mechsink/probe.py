@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.bridge import down_projection
+from mechsink.bridge import act_name, down_projection
 from mechsink.interventions import Intervention, applied
 from mechsink.measure import mlp_spikes, sink_scores
 from mechsink.measure.sinks import DEFAULT_EPS
@@ -59,7 +59,7 @@ def probe(
         s = sink_scores(cache, key_pos=k, eps=eps)
         scores[k], rates[k] = s.no_self.mean(0), s.rate_no_self
         if channel is not None:
-            values[k] = torch.stack([cache[f"blocks.{layer}.hook_resid_post"][:, k, channel]
+            values[k] = torch.stack([cache[act_name("resid_post", layer)][:, k, channel]
                                      for layer in range(model.cfg.n_layers)], 1).mean(0).cpu()
     return ProbeResult(scores, rates, channel, values)
 
@@ -75,7 +75,7 @@ def dominant_super_neuron(model: Any, tokens: Int[Tensor, "batch pos"]) -> dict[
     layer = int(strength.argmax())
     neuron = int(torch.mode(spikes.in_neuron[:, layer]).values)
     channel = int(torch.mode(spikes.out_channel[:, layer]).values)
-    resid = torch.stack([cache[f"blocks.{lay}.hook_resid_post"][:, 0]
+    resid = torch.stack([cache[act_name("resid_post", lay)][:, 0]
                          for lay in range(model.cfg.n_layers)], 1)  # [batch, layer, d]
     return {"layer": layer, "neuron": neuron, "channel": channel,
             "input_at_pos0": spikes.in_value[:, layer].abs().mean().item(),

@@ -21,6 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mechsink.bridge import act_name
+
 
 @dataclass(frozen=True)
 class LogitSplit:
@@ -55,8 +57,8 @@ def residual_components(cache: Any, layer: int) -> dict[str, Tensor]:
     token embedding, position embedding, and every earlier attention and MLP output."""
     parts = {"token embedding": cache["hook_embed"], "position embedding": cache["hook_pos_embed"]}
     for earlier in range(layer):
-        parts[f"attn {earlier} out"] = cache[f"blocks.{earlier}.hook_attn_out"]
-        parts[f"mlp {earlier} out"] = cache[f"blocks.{earlier}.hook_mlp_out"]
+        parts[f"attn {earlier} out"] = cache[act_name("attn_out", earlier)]
+        parts[f"mlp {earlier} out"] = cache[act_name("mlp_out", earlier)]
     return parts
 
 

@@ -28,7 +28,7 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor, nn
 
-from mechsink.bridge import wrap_hf
+from mechsink.bridge import act_name, wrap_hf
 from mechsink.errors import BadInputError
 from mechsink.zoo import gpt2_tokenizer, random_config, seeded_model
 
@@ -123,7 +123,7 @@ def token_preference(logits: Float[Tensor, "n vocab"]) -> TokenPreference:
 @torch.no_grad()
 def final_states(model: Any, tokens: Int[Tensor, "n seq"]) -> Float[Tensor, "points d_model"]:
     """The last block's residual output at every position of every sequence."""
-    name = f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"
+    name = act_name("resid_post", model.cfg.n_layers - 1)
     _, cache = model.run_with_cache(tokens, names_filter=[name])
     return cache[name].flatten(0, 1)
 

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from mechsink.bridge import act_name
 from mechsink.errors import BadInputError
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
@@ -30,8 +31,8 @@ class CacheLike(Protocol):
 
 
 def hook_name(layer: int, suffix: str) -> str:
-    """The full hook name of a per-block hook."""
-    return f"blocks.{layer}.{suffix}"
+    """The full hook name of a per-block hook (``suffix`` relative to the block)."""
+    return act_name(suffix, layer)
 
 
 def hook_names(n_layers: int, suffixes: Iterable[str]) -> list[str]:
