@@ -39,8 +39,8 @@ from mechsink.interventions import ablate
 from mechsink.io import atomic_write_text
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
-from mechsink.probe import dominant_super_neuron, probe
 from mechsink.prompts import make_prompts
+from mechsink.readout import dominant_super_neuron, sink_readout
 from mechsink.viz.experiments import plot_p0_circuit
 
 SCHEMA = "mechsink-p0-sink/2"
@@ -90,7 +90,7 @@ def main() -> None:
     channel, sn_layer = sn["channel"], sn["layer"]
 
     def measure(t, edits=()):
-        r = probe(model, t, list(edits), key_positions=[0], channel=channel)
+        r = sink_readout(model, t, list(edits), key_positions=[0], channel=channel)
         return r.rates[0], r.channel_values[0].abs().max().item(), r.scores[0]
 
     plain = {v: measure(t) for v, t in prompts.items()}  # one forward per first-token variant

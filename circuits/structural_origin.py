@@ -28,8 +28,8 @@ from mechsink import load_model
 from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
 from mechsink.io import atomic_write_text
 from mechsink.measure import variance_stats
-from mechsink.probe import dominant_super_neuron, probe
 from mechsink.prompts import make_prompts
+from mechsink.readout import dominant_super_neuron, sink_readout
 from mechsink.viz.experiments import plot_structural_origin
 
 SCHEMA = "mechsink-structural-origin/1"
@@ -54,7 +54,7 @@ def dose_response(model, tokens, sn: dict, scales: list[float]) -> list[dict]:
     for s in scales:
         edit = ablate(model, "mlp.hook_post", sn["layer"], mode="scale", scale=s,
                       units=[sn["neuron"]], positions=[0])
-        r = probe(model, tokens, [edit], key_positions=[0], channel=sn["channel"])
+        r = sink_readout(model, tokens, [edit], key_positions=[0], channel=sn["channel"])
         rows.append({"scale": s, "sink_rate": r.rates[0], "sink_score": r.mean_score(0),
                      "channel_max_abs": r.channel_values[0].abs().max().item()})
     return rows
@@ -62,7 +62,7 @@ def dose_response(model, tokens, sn: dict, scales: list[float]) -> list[dict]:
 
 def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
     keys = [0, *positions]
-    base = probe(model, tokens, key_positions=keys, channel=sn["channel"])
+    base = sink_readout(model, tokens, key_positions=keys, channel=sn["channel"])
     plant_layer = min(sn["layer"] + 1, model.cfg.n_layers - 1)
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda h: h in (
@@ -77,7 +77,7 @@ def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
                                             value=massive, units=[sn["channel"]],
                                             positions=[k])]}
         for name, interventions in edits.items():
-            after = probe(model, tokens, interventions, key_positions=[0, k],
+            after = sink_readout(model, tokens, interventions, key_positions=[0, k],
                           channel=sn["channel"])
             rows.append({"k": k, "intervention": name,
                          "sink_at_k_before": base.mean_score(k), "sink_at_k_after":

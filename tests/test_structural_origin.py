@@ -1,4 +1,4 @@
-"""probe() under interventions, and the structural-origin script end to end on a tiny model."""
+"""sink_readout() under interventions; the structural-origin script end to end on a tiny model."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ import torch
 from mechsink.bridge import to_tokens
 from mechsink.interventions import attend_only_to_self
 from mechsink.measure import sink_score
-from mechsink.probe import probe
+from mechsink.readout import sink_readout
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The structural origin of the sink: variance, super neurons, dimension disparity."
 
 
-def test_probe_matches_a_direct_measurement_and_sees_the_mask(llama_tiny):
+def test_sink_readout_matches_a_direct_measurement_and_sees_the_mask(llama_tiny):
     tokens = to_tokens(llama_tiny, [TEXT, TEXT], prepend_bos=True)
-    plain = probe(llama_tiny, tokens, key_positions=[0, 3], channel=5)
+    plain = sink_readout(llama_tiny, tokens, key_positions=[0, 3], channel=5)
     _, cache = llama_tiny.run_with_cache(tokens)
     direct = sink_score(cache["blocks.1.attn.hook_pattern"], 3, include_self=False).mean(0)
     torch.testing.assert_close(plain.scores[3][1], direct)
     torch.testing.assert_close(plain.channel_values[3][1],
                                cache["blocks.1.hook_resid_post"][:, 3, 5].mean())
-    masked = probe(llama_tiny, tokens, attend_only_to_self(llama_tiny, [0, 1], 3),
+    masked = sink_readout(llama_tiny, tokens, attend_only_to_self(llama_tiny, [0, 1], 3),
                    key_positions=[3])
     assert not torch.allclose(masked.scores[3], plain.scores[3])
 

@@ -1,7 +1,7 @@
 import mechsink
 from mechsink.interventions import ablate, applied, attend_only_to_self
 from mechsink.measure.sinks import sink_scores
-from mechsink.probe import dominant_super_neuron
+from mechsink.readout import dominant_super_neuron
 from mechsink.prompts import make_prompts
 
 MODEL = "smollm2-135m"
