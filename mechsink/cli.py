@@ -218,26 +218,39 @@ def patch(
 @typing.no_type_check  # typer hands in its base Context class, not the annotated subclass
 def circuit(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="script in circuits/, e.g. structural_origin"),
-    model: str | None = typer.Argument(None, help="zoo name, for scripts that take --model"),
+    name: str = typer.Argument(..., help="experiment, e.g. structural_origin or p0_sink"),
+    model: str | None = typer.Argument(None, help="zoo name, for experiments that take a model"),
     out: Path = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
+    seed: int | None = typer.Option(None, help="seed for random:... models"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
 ) -> None:
-    """Run a circuits script by name (extra options are passed on to it)."""
-    import runpy
-    import sys
+    """Run an experiment of mechsink.experiments by name; further --options are its settings
+    (e.g. --n 8 --seq-len 32), as the script of the same name in circuits/ takes them."""
+    from mechsink.experiments import EXPERIMENTS, get_experiment
 
-    folder = Path(__file__).resolve().parents[1] / "circuits"
-    scripts = sorted(p.stem for p in folder.glob("*.py")) if folder.is_dir() else []
-    if name not in scripts:
-        fail(MechsinkError(f"unknown circuit {name!r}: choose one of {', '.join(scripts)}"
-                           if scripts else "no circuits/ folder next to this mechsink install: "
-                           "run from a source checkout."))
-    argv = [name, "--out", str(out), *(["--model", model] if model else []), *ctx.args]
-    saved, sys.argv = sys.argv, argv
     try:
-        runpy.run_path(str(folder / f"{name}.py"), run_name="__main__")
-    finally:
-        sys.argv = saved
+        experiment = get_experiment(name)
+        settings = experiment.parse_settings(ctx.args)
+        if experiment.needs_model:
+            from mechsink.zoo import load_model
+
+            with console.status(f"loading {model or experiment.default_model}"):
+                the_model = load_model(model or experiment.default_model, device=device,
+                                       seed=seed)
+            result = experiment.run(the_model, model_name=model or experiment.default_model,
+                                    **settings)
+        else:
+            if model is not None:
+                raise MechsinkError(f"{name} takes no model (it trains its own); experiments "
+                                    "that take one: " + ", ".join(
+                                        e.name for e in EXPERIMENTS.values() if e.needs_model))
+            if "work_dir" in experiment.settings():
+                settings.setdefault("work_dir", out)
+            result = experiment.run(**settings)
+        result.save(out)
+    except MechsinkError as exc:
+        fail(exc)
+    console.print(result.summary(), markup=False)
 
 
 def main() -> None:  # pragma: no cover - console-script convenience

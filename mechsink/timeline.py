@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechsink.io import atomic_write_text
+from mechsink.io import atomic_write_json
 from mechsink.measure import first_token_norm_ratio, sink_scores
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.zoo import load_model
@@ -64,9 +64,11 @@ def sink_timeline(run_dir: str | Path, tokens: Int[Tensor, "batch pos"],
     return points
 
 
+def timeline_dict(points: list[TimelinePoint], **meta: Any) -> dict[str, Any]:
+    """A timeline as JSON-able data (schema versioned), with ``meta`` (run, eps, ...)."""
+    return {"schema": TIMELINE_SCHEMA, **meta, "points": [asdict(p) for p in points]}
+
+
 def write_timeline(points: list[TimelinePoint], path: str | Path, **meta: Any) -> Path:
-    """Save a timeline as JSON (schema versioned), atomically."""
-    path = Path(path)
-    data = {"schema": TIMELINE_SCHEMA, **meta, "points": [asdict(p) for p in points]}
-    atomic_write_text(path, json.dumps(data, indent=1))
-    return path
+    """Save a timeline as JSON, atomically."""
+    return atomic_write_json(path, timeline_dict(points, **meta))

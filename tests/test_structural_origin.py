@@ -1,4 +1,4 @@
-"""sink_readout() under interventions; the structural-origin script end to end on a tiny model."""
+"""sink_readout() under interventions; the structural-origin and P0-sink experiments end to end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from mechsink import load_model
 from mechsink.bridge import to_tokens
+from mechsink.experiments import p0_sink, structural_origin
 from mechsink.interventions import attend_only_to_self
 from mechsink.measure import sink_score
 from mechsink.readout import sink_readout
@@ -48,7 +50,7 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
     assert (out / "structural_origin.png").is_file()
 
 
-def test_circuit_command_runs_a_script_by_name(tmp_path):
+def test_circuit_command_runs_an_experiment_by_name(tmp_path):
     from typer.testing import CliRunner
 
     from mechsink.cli import app
@@ -59,13 +61,17 @@ def test_circuit_command_runs_a_script_by_name(tmp_path):
                              "4", "--scales", "0", "1"])
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "o" / "result.json").is_file()
+    assert "Structural origin" in ok.output
     bad = runner.invoke(app, ["circuit", "no_such_thing", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "structural_origin" in bad.output
+    option = runner.invoke(app, ["circuit", "structural_origin", "random:llama-tiny", "--out",
+                                 str(tmp_path / "y"), "--no-such-option", "1"])
+    assert option.exit_code == 2 and "--seq-len" in option.output
+    assert not (tmp_path / "y").exists()  # refused before any work
 
 
 def test_channel_life_finds_appearance_amplification_and_removal():
-    sys.path.insert(0, str(ROOT / "circuits"))
-    from structural_origin import channel_life
+    from mechsink.experiments.structural_origin import channel_life
 
     life = channel_life([1.0, 20.0, 40.0, 300.0, 310.0, -5.0])
     assert [life[k]["layer"] for k in ("appears", "amplified", "peak", "removed")] == [2, 3, 4, 5]
@@ -73,11 +79,10 @@ def test_channel_life_finds_appearance_amplification_and_removal():
     assert channel_life([0.0, 5.0])["removed"] is None  # peak at the last block: never removed
 
 
-def test_p0_sink_script_runs_end_to_end(tmp_path):
+def test_p0_sink_runs_end_to_end(tmp_path):
     out = tmp_path / "p0"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "p0_sink.py"), "--model",
-                    "random:gpt2-tiny", "--out", str(out), "--n", "2", "--seq-len", "12",
-                    "--layers", "1"], check=True, capture_output=True, text=True)
+    model = load_model("random:gpt2-tiny", device="cpu", seed=0)
+    p0_sink.run(model, n=2, seq_len=12, layers=1).save(out)
     result = json.loads((out / "result.json").read_text())
     assert result["schema"] == "mechsink-p0-sink/2"
     assert set(result["first_token"]) == {"bos", "nobos", "randfirst"}
@@ -94,29 +99,22 @@ def test_p0_sink_script_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_structural_origin_on_smollm2_moves_the_sink(tmp_path):
-    """The self-only mask makes position 8 a sink in the real model (seeds/002, C4)."""
-    out = tmp_path / "origin"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "structural_origin.py"),
-                    "--model", "smollm2-135m", "--out", str(out), "--n", "4", "--seq-len", "32",
-                    "--positions", "8", "--scales", "0", "1"],
-                   check=True, capture_output=True, text=True)
-    result = json.loads((out / "result.json").read_text())
+def test_structural_origin_on_smollm2_moves_the_sink():
+    """The self-only mask makes position 8 a sink in the real model (Li, Jiang, Sun et al. 2026)."""
+    result = structural_origin.run(load_model("smollm2-135m", device="cpu"), n=4, seq_len=32,
+                                   positions=[8], scales=[0, 1]).data
     mask = next(r for r in result["move"] if r["intervention"] == "self-only mask")
     assert mask["sink_at_k_after"] > 5 * mask["sink_at_k_before"]
     assert result["super_neuron"]["channel"] == 507  # SmolLM2's massive channel
 
 
 @pytest.mark.slow
-def test_p0_sink_on_smollm2_path_patching_finds_the_super_neuron(tmp_path):
-    """The sink at key 0 survives without BOS (seeds/004, C5), and path patching the super
+def test_p0_sink_on_smollm2_path_patching_finds_the_super_neuron():
+    """The sink at key 0 survives without BOS (Peng, Li et al. 2026), and path patching the super
     neuron's position-0 output through its MLP removes most of the massive channel (the census
     measured its contribution as about 18,000 of 24,900)."""
-    out = tmp_path / "p0"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "p0_sink.py"), "--model",
-                    "smollm2-135m", "--out", str(out), "--n", "2", "--seq-len", "16",
-                    "--layers", "1"], check=True, capture_output=True, text=True)
-    result = json.loads((out / "result.json").read_text())
+    result = p0_sink.run(load_model("smollm2-135m", device="cpu"), n=2, seq_len=16,
+                         layers=1).data
     assert result["super_neuron"] == {"layer": 11, "neuron": 1229, "channel": 507}
     assert all(m["sink_rate"] > 0.3 for m in result["first_token"].values())
     neuron = next(n for n in result["nodes"] if n["name"] == "L11N1229")

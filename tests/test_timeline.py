@@ -1,15 +1,14 @@
-"""Sink timeline over checkpoints, and the C8 twin-organism script end to end (tiny)."""
+"""Sink timeline over checkpoints, and the training-based experiments end to end (tiny)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import torch
 
 from mechsink import load_model
+from mechsink.experiments import gpt2_query_bias, headwise_rmsnorm, seedprint
+from mechsink.experiments import sink_timeline as sink_timeline_experiment
 from mechsink.measure import sink_score
 from mechsink.tasks import BigramBackcopy
 from mechsink.timeline import sink_timeline, write_timeline
@@ -17,7 +16,6 @@ from mechsink.training import Recipe, train
 
 TINY = Recipe("tl-tiny", "gpt2", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
               seq_len=16, batch_size=4, steps=4, lr=1e-2, warmup=2)
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_timeline_has_one_point_per_checkpoint_and_matches_direct_measurement(tmp_path):
@@ -35,11 +33,9 @@ def test_timeline_has_one_point_per_checkpoint_and_matches_direct_measurement(tm
     assert torch.isfinite(torch.tensor([p.first_token_norm_ratio for p in points])).all()
 
 
-def test_headwise_rmsnorm_script_runs_end_to_end(tmp_path):
+def test_headwise_rmsnorm_runs_end_to_end(tmp_path):
     out = tmp_path / "c8"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "headwise_rmsnorm.py"),
-                    "--out", str(out), "--steps", "3", "--seeds", "0", "1"],
-                   check=True, capture_output=True, text=True)
+    headwise_rmsnorm.run(work_dir=out, steps=3, seeds=[0, 1]).save(out)
     result = json.loads((out / "result.json").read_text())
     assert result["schema"] == "mechsink-c8/1"
     assert set(result["arms"]) == {"bb-gpt2-tiny", "bb-gpt2-tiny+hwrms"}
@@ -60,11 +56,11 @@ def test_bundled_organism_loads_by_name_and_has_its_sinks():
     assert (scores[0] > 0.5).sum() >= 2  # the README's layer-0 sink heads
 
 
-def test_query_bias_script_runs_end_to_end(tmp_path):
+def test_query_bias_runs_end_to_end(tmp_path):
     out = tmp_path / "c6"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "gpt2_query_bias.py"),
-                    "--out", str(out), "--n", "4", "--seq-len", "24", "--top", "2"],
-                   check=True, capture_output=True, text=True)
+    model = load_model("organism:bb-gpt2-tiny", device="cpu")
+    gpt2_query_bias.run(model, model_name="organism:bb-gpt2-tiny", n=4, seq_len=24,
+                        top=2).save(out)
     result = json.loads((out / "result.json").read_text())
     assert result["schema"] == "mechsink-c6/1" and len(result["sink_heads"]) == 2
     assert set(result["ablations"]) == {"no query bias", "W_K rotated",
@@ -72,21 +68,18 @@ def test_query_bias_script_runs_end_to_end(tmp_path):
     assert (out / "ablations.png").is_file() and "verdict" in (out / "summary.md").read_text()
 
 
-def test_sink_timeline_script_runs_end_to_end(tmp_path):
+def test_sink_timeline_experiment_runs_end_to_end(tmp_path):
     run = train("bb-gpt2-tiny", tmp_path / "run", steps=2, progress=False)
     out = tmp_path / "timeline"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "sink_timeline.py"), "--run", str(run),
-                    "--out", str(out), "--n", "4"], check=True, capture_output=True, text=True)
+    sink_timeline_experiment.run(run_dir=run, n=4).save(out)
     saved = json.loads((out / "timeline.json").read_text())
     assert [p["step"] for p in saved["points"]] == [0, 1, 2]
     assert (out / "timeline.png").stat().st_size > 10_000
 
 
-def test_seedprint_script_runs_end_to_end(tmp_path):
+def test_seedprint_runs_end_to_end(tmp_path):
     out = tmp_path / "c7"
-    subprocess.run([sys.executable, str(ROOT / "circuits" / "seedprint.py"), "--out", str(out),
-                    "--size", "tiny", "--depths", "1", "--n", "8", "--k", "8", "--steps", "2"],
-                   check=True, capture_output=True, text=True)
+    seedprint.run(work_dir=out, size="tiny", depths=[1], n=8, k=8, steps=2).save(out)
     result = json.loads((out / "result.json").read_text())
     assert len(result["token_preference"]) == 2 * 3  # families x init schemes
     assert len(result["seedprint"]["pairs"]) == 15  # 6 organisms

@@ -1,0 +1,117 @@
+"""Each research question as a library function: ``run(...)`` returns an :class:`ExperimentResult`
+whose ``summary()`` and ``figure()`` are drawn from its JSON-able data, never from a model.
+
+The scripts in ``circuits/`` parse their arguments and call these; ``mechsink circuit NAME``,
+the docs build and the tests call them directly.
+
+=====================  ================================================================
+``structural_origin``  why position 0 becomes the sink: variance discrepancy, super
+                       neurons, moving the sink (Li, Jiang, Sun et al. 2026, "The Structural
+                       Origin of Attention Sink")
+``p0_sink``            the P0-sink circuit by path patching (Peng, Li et al. 2026, "How
+                       Attention Sinks Emerge in Large Language Models")
+``gpt2_query_bias``    the query-bias circuit of GPT-2-style models
+``headwise_rmsnorm``   twin organisms with and without head-wise RMSNorm
+``seedprint``          structure at random initialisation and SeedPrint (Li, Tong, Wang et
+                       al. 2026)
+``sink_timeline``      the sink measurements at every checkpoint of a training run
+=====================  ================================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+from mechsink.errors import BadInputError
+from mechsink.experiments.result import ExperimentResult
+
+__all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult", "get_experiment"]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One experiment of :mod:`mechsink.experiments`: its module and how it is called."""
+
+    name: str
+    default_model: str | None  # None: the experiment takes no model (it trains its own)
+
+    @property
+    def module(self) -> ModuleType:
+        return importlib.import_module(f"mechsink.experiments.{self.name}")
+
+    @property
+    def run(self) -> Callable[..., ExperimentResult]:
+        return self.module.run
+
+    @property
+    def needs_model(self) -> bool:
+        return self.default_model is not None
+
+    def settings(self) -> dict[str, inspect.Parameter]:
+        """The keyword settings ``run`` takes (name -> parameter, with its default)."""
+        params = inspect.signature(self.run).parameters
+        return {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def parse_settings(self, args: Sequence[str]) -> dict[str, Any]:
+        """Command-line options (``--seq-len 32 --positions 8 16``) as ``run``'s settings, typed
+        by its signature; an unknown option or a bad value is a :class:`BadInputError`."""
+        known = self.settings()
+        out: dict[str, Any] = {}
+        key: str | None = None
+        for arg in args:
+            if arg.startswith("--"):
+                key = arg[2:].replace("-", "_")
+                if key not in known or key == "model_name":
+                    options = ", ".join("--" + k.replace("_", "-") for k in known
+                                        if k != "model_name")
+                    raise BadInputError(f"{self.name} has no option {arg}: its options are "
+                                        f"{options}.")
+                out[key] = []
+            elif key is None:
+                raise BadInputError(f"unexpected argument {arg!r}: give settings as --name value.")
+            else:
+                out[key].append(arg)
+        return {k: _typed(self.name, k, known[k], v) for k, v in out.items()}
+
+
+def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str]) -> Any:
+    """``values`` converted to the type ``param``'s annotation names (one value or a list)."""
+    note = str(param.annotation)
+    is_list = note.startswith(("Sequence[", "list["))
+    kind = {"int": int, "float": float}.get(re.sub(r"^(Sequence|list)\[|\].*$|\s*\|.*$", "",
+                                                  note), str)
+    option = "--" + key.replace("_", "-")
+    if not values or (len(values) > 1 and not is_list):
+        raise BadInputError(f"{experiment} {option} takes {'values' if is_list else 'one value'}"
+                            f", got {len(values)}.")
+    try:
+        typed = [kind(v) for v in values]
+    except ValueError:
+        raise BadInputError(f"{experiment} {option} wants {kind.__name__} values, got "
+                            f"{' '.join(values)}.") from None
+    return typed if is_list else typed[0]
+
+
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("structural_origin", "smollm2-135m"),
+    Experiment("p0_sink", "smollm2-135m"),
+    Experiment("gpt2_query_bias", "organism:bb-gpt2-tiny"),
+    Experiment("headwise_rmsnorm", None),
+    Experiment("seedprint", None),
+    Experiment("sink_timeline", None),
+)}
+
+
+def get_experiment(name: str) -> Experiment:
+    """The experiment called ``name``; an unknown name is a :class:`BadInputError`."""
+    try:
+        return EXPERIMENTS[name]
+    except KeyError:
+        raise BadInputError(f"unknown experiment {name!r}: choose one of "
+                            f"{', '.join(EXPERIMENTS)}.") from None

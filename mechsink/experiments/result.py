@@ -1,0 +1,72 @@
+"""ExperimentResult: an experiment's data (JSON-able, versioned) and what is drawn from it."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mechsink.io import atomic_write_json, atomic_write_text
+
+
+@dataclass(frozen=True)
+class ExperimentResult:
+    """What ``mechsink.experiments.<name>.run`` returns.
+
+    ``data`` holds every number (it is what ``result.json`` holds); :meth:`summary` (Markdown)
+    and :meth:`figure` are drawn from it by the experiment's module, so a saved result can be
+    re-rendered without a model: ``ExperimentResult.load(folder)``.
+    """
+
+    name: str
+    data: dict[str, Any]
+
+    def _module(self) -> Any:
+        return importlib.import_module(f"mechsink.experiments.{self.name}")
+
+    @property
+    def result_file(self) -> str:
+        return getattr(self._module(), "RESULT_FILE", "result.json")
+
+    def summary(self) -> str:
+        """The Markdown summary: settings, tables, verdicts with their criteria."""
+        return self._module().summary(self.data)
+
+    def figure(self, path: str | Path) -> Path | None:
+        """Draw the experiment's figure into ``path`` (None if it has none)."""
+        draw = getattr(self._module(), "figure", None)
+        return None if draw is None else draw(self.data, Path(path))
+
+    def save(self, out: str | Path) -> Path:
+        """Write the result JSON, the figure and ``summary.md`` into ``out`` (atomically)."""
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / self.result_file, {"experiment": self.name, **self.data})
+        name = getattr(self._module(), "FIGURE", None)
+        if name:
+            self.figure(out / name)
+        atomic_write_text(out / "summary.md", self.summary())
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path, name: str) -> ExperimentResult:
+        """Read a result saved by :meth:`save` for experiment ``name``."""
+        module = importlib.import_module(f"mechsink.experiments.{name}")
+        path = Path(folder) / getattr(module, "RESULT_FILE", "result.json")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        data.pop("experiment", None)
+        return cls(name, data)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)
+
+    def __repr__(self) -> str:
+        schema = self.data.get("schema", "?")
+        model = self.data.get("model")
+        return f"ExperimentResult({self.name!r}, schema={schema!r}" + (
+            f", model={model!r})" if model else ")")
+
+    def _repr_markdown_(self) -> str:  # Jupyter shows the summary
+        return self.summary()
