@@ -30,7 +30,7 @@ test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: setup
-	$(BIN)/ruff check mechsink tests benchmarks circuits
+	$(BIN)/ruff check mechsink tests benchmarks circuits docs/build
 
 bench: setup
 	$(BIN)/python benchmarks/load.py
@@ -41,7 +41,7 @@ bench: setup
 # The docs site: runs the experiments the pages show (cached in docs/_cache, so a second build
 # takes seconds), renders the pages and builds docs/_site. MECHSINK_DOCS_QUICK=1: tiny models.
 docs: setup
-	$(BIN)/python -m mechsink.docs_build
+	$(BIN)/python -m docs.build
 	@echo "The site is in docs/_site: open docs/_site/index.html (it works offline)."
 
 clean:

@@ -1,6 +1,6 @@
 """Input suites for sink measurements: natural text, random tokens, one repeated token.
 
-Each suite comes in three first-token variants (SCIENCE.md, "always state the input suite"):
+Each suite comes in three first-token variants (a sink result always states its input suite):
 
 - ``bos``: the model's BOS token at position 0, then the body;
 - ``nobos``: the body starts at position 0 (no special token anywhere);

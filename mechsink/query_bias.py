@@ -1,4 +1,5 @@
-"""The GPT-2 query-bias split of attention logits (claim C6; seeds/001b).
+"""The GPT-2 query-bias split of attention logits (GPT-2-style models with a
+learned query bias and absolute positions).
 
 With ``q_i = x_i W_Q + b_Q`` and ``k_j = x_j W_K + b_K`` (``x`` the normalised residual that
 enters attention), the pre-softmax logit of query ``i`` to key ``j`` is

@@ -1,6 +1,6 @@
-"""Structure at random initialisation, and the SeedPrint identity test (claim C7).
+"""Structure at random initialisation, and the SeedPrint identity test.
 
-Li et al. 2026 ("SeedPrint", seeds/000) report that untrained transformers already prefer some
+Li, Tong, Wang et al. (2026, "SeedPrint") report that untrained transformers already prefer some
 next tokens by orders of magnitude, because representations contract along a seed-dependent
 direction, and that this bias survives training and fingerprints the seed. This module gives:
 

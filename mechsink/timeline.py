@@ -1,4 +1,4 @@
-"""Sink timeline: the sink measurements at every checkpoint of a training run (claim C5 over time).
+"""Sink timeline: the sink measurements at every checkpoint of a training run (when the sink forms).
 
 For each ``step-N`` of a run folder written by :mod:`mechsink.training`, the organism reads the
 same held-out tokens and the census measurements are taken from its cache: Gu's sink rate and

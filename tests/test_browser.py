@@ -34,7 +34,7 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from mechsink.docs_build import QUICK, build
+    from docs.build import QUICK, build
 
     root = tmp_path_factory.mktemp("docs")
     return build(QUICK, site_dir=root / "site", cache_dir=root / "cache", work_dir=root / "work")

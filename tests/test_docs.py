@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib as mpl
 import pytest
 
-from mechsink import docs_build
+from docs import build as docs_build
 from mechsink.viz import gallery, style
 
 
@@ -232,10 +232,8 @@ def test_patch_heatmap_is_drawn_from_the_saved_json(tmp_path: Path) -> None:
     import torch
 
     from mechsink.patching import PatchResult
-    from mechsink.patching.plot import heatmap as old_name
     from mechsink.viz.patching import heatmap
 
-    assert old_name is heatmap  # PatchResult.heatmap and mechsink.patching.plot still work
     values = torch.tensor([[0.0, 0.5, 1.0], [0.25, -0.5, 0.0]], dtype=torch.float64)
     result = PatchResult(values=values, axes=("layer", "pos"),
                          labels={"layer": [0, 1], "pos": [0, 1, 2]}, site="resid_pre",

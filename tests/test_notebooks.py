@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mechsink.docs_build import DOCS, NOTEBOOKS, execute_notebook, notebook_markdown
+from docs.build import DOCS, NOTEBOOKS, execute_notebook, notebook_markdown
 
 for _module in ("nbclient", "nbformat", "ipykernel"):
     pytest.importorskip(_module, reason=f"needs {_module}: pip install -e '.[dev]'")

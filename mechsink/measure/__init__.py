@@ -1,4 +1,4 @@
-"""Measurements: pure functions of cached activations (no model calls), per SCIENCE.md.
+"""Measurements: pure functions of cached activations (no model calls), one module each.
 
 Each module holds one measurement: its hook suffixes (``HOOKS``), a function of a cache (a
 mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of sequences) and

@@ -3,7 +3,7 @@
 A residual entry ``x[l, p, c]`` (``hook_resid_post`` of block ``l``) is massive when
 ``|x| > 100`` and ``|x| >= 1000 x`` a reference median magnitude. Two references are reported:
 
-- ``position`` (SCIENCE.md's definition): the median over channels of ``|x[l, p, :]|``;
+- ``position`` (a per-token reference): the median over channels of ``|x[l, p, :]|``;
 - ``layer`` (what Sun et al.'s released code compares with): the median of ``|x[l]|`` over all
   positions and channels of the sequence. A massive token's own median is inflated by the
   token's large norm, so this reference finds more.
@@ -152,7 +152,7 @@ class MassiveReport:
             "massive_criterion": {
                 "hook": HOOKS[0], "abs_greater_than": ABS_THRESHOLD,
                 "ratio_at_least": RATIO_THRESHOLD,
-                "massive_activations": "median over channels of |x[l,p,:]| (SCIENCE.md)",
+                "massive_activations": "median over channels of |x[l,p,:]| (the token's own)",
                 "massive_activations_layer_median":
                     "median of |x[l]| over all positions and channels (Sun et al.'s code)",
             },

@@ -1,4 +1,5 @@
-"""Variance discrepancy of the attention output (claim C1: value non-mixing at position 0).
+"""Variance discrepancy of the attention output (value non-mixing at position 0; Li, Jiang, Sun
+et al. 2026, "The Structural Origin of Attention Sink").
 
 ``var[l, p]``: variance over sequences of ``hook_attn_out[l, p, c]``, averaged over channels c.
 Position 0 attends only to itself, later positions average many values, so ``var[l, 0]`` is

@@ -79,7 +79,7 @@ Attention patterns of the strongest sink heads: <a href="{ATTENTION_PAGE}">{ATTE
 (works offline).</p>
 <h2>Summary</h2>
 {summary_table(data)}
-<p>Massive: |x| &gt; 100 and &ge; 1000 x the median |x| of the token (SCIENCE.md) or of the whole
+<p>Massive: |x| &gt; 100 and &ge; 1000 x the median |x| of the token or of the whole
 layer (Sun et al.'s code), on the residual stream after each block. Super neuron: down-projection
 input and MLP output both &gt; 50 at the same position (Yu et al.).</p>
 <h2>Figures</h2>

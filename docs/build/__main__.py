@@ -1,0 +1,33 @@
+"""`python -m docs.build`: build the site (`--quick` or MECHSINK_DOCS_QUICK=1: tiny models)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from docs.build.plan import FULL, QUICK
+from docs.build.site import build
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m docs.build",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        default=os.environ.get("MECHSINK_DOCS_QUICK", "") not in ("", "0"),
+                        help="tiny models only (seconds; what the browser test builds)")
+    parser.add_argument("--site", type=Path, default=None, help="output folder (docs/_site)")
+    parser.add_argument("--cache", type=Path, default=None,
+                        help="experiment cache (docs/_cache)")
+    parser.add_argument("--work", type=Path, default=None, help="staging folder (docs/_build)")
+    parser.add_argument("--no-notebooks", action="store_true",
+                        help="skip executing and rendering the notebooks")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    out = build(QUICK if args.quick else FULL, site_dir=args.site, cache_dir=args.cache,
+                work_dir=args.work, notebooks=not args.no_notebooks)
+    print(out / "index.html")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The pages: ``docs/`` copied into a staging folder, every Markdown file rendered as a Jinja
+template from the results, figures and assets written beside them, a page per gallery model and
+per executed notebook."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from docs.build.cache import Cache, slug
+from docs.build.notebooks import notebook_markdown
+from docs.build.plan import DOCS, ROOT, Plan
+from docs.build.tables import helpers
+from mechsink.errors import MissingDependencyError
+from mechsink.io import atomic_write_json, atomic_write_text
+
+
+@dataclass
+class Site:
+    """Everything the pages are rendered from."""
+
+    plan: Plan
+    census: dict[str, dict[str, Any]]
+    gallery: dict[str, dict[str, Any]]
+    circuits: dict[str, dict[str, Any]]
+    snippets: dict[str, dict[str, Any]]
+    notebooks: dict[str, Path]
+    cache: Cache | None = None  # figures are cached too when given
+
+
+def _copy_sources(dst: Path) -> list[Path]:
+    """Copy ``docs/`` into ``dst`` (without build outputs and private folders); the .md files."""
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        top = Path(folder) == DOCS
+        return [n for n in names if (top and (n.startswith("_") or n == "build"))
+                or n == "__pycache__"
+                or n.startswith(".ipynb_checkpoints")]
+
+    shutil.copytree(DOCS, dst, ignore=ignore, dirs_exist_ok=True)
+    return sorted(dst.rglob("*.md"))
+
+
+def write_assets(site: Site, src: Path) -> None:
+    """Figures (from the JSON), circuits figures, snippet outputs and circuitsvis's JavaScript."""
+    from mechsink.viz.attention import circuitsvis_js
+    from mechsink.viz.figures import write_figures
+
+    js = src / "assets" / "js" / "circuitsvis.js"
+    js.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(js, circuitsvis_js())
+    code = b"".join((ROOT / "mechsink" / "viz" / f).read_bytes()
+                    for f in ("figures.py", "style.py"))
+    for model, data in site.census.items():
+        folder = src / "assets" / slug(model)
+        folder.mkdir(parents=True, exist_ok=True)
+        if site.cache is None:
+            write_figures(data, folder)
+        else:  # drawn once per (census, figure code)
+            key = {"census": hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest(),
+                   "code": hashlib.sha256(code).hexdigest()}
+            drawn = site.cache.get("figures", model, key,
+                                   lambda out, data=data: write_figures(data, out) and None)
+            for f in drawn.glob("*.png"):
+                shutil.copy2(f, folder / f.name)
+        atomic_write_json(folder / "census.json", data, sort_keys=True)
+    for name, c in site.circuits.items():
+        folder = src / "assets" / "circuits" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in c["folder"].iterdir():  # summary.md is part of the tutorial page
+            if f.suffix in (".png", ".json") and f.name != "settings.json":
+                shutil.copy2(f, folder / f.name)
+    for name, s in site.snippets.items():
+        folder = src / "assets" / "snippets" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for f in s["folder"].iterdir():
+            if f.suffix in (".png", ".json") and f.name != "settings.json":
+                shutil.copy2(f, folder / f.name)
+
+
+def write_gallery(site: Site, src: Path, env: Any) -> list[tuple[str, str]]:
+    """One page per gallery model from ``docs/_templates/gallery_model.md``; (title, path)."""
+    from mechsink.viz.gallery import gallery_blocks
+
+    template = env.from_string((DOCS / "_templates" / "gallery_model.md").read_text("utf-8"))
+    pages = []
+    for i, (model, data) in enumerate(site.census.items()):
+        rel = f"gallery/{slug(model)}.md"
+        text = template.render(model=model, data=data, s=slug(model), assets="../assets",
+                               attention=gallery_blocks(site.gallery[model], prefix=f"cv{i}"),
+                               gallery=site.gallery[model], **helpers())
+        atomic_write_text(src / rel, text)
+        pages.append((model, rel))
+    return pages
+
+
+def write_notebook_pages(site: Site, src: Path) -> None:
+    import nbformat
+
+    for name, folder in site.notebooks.items():
+        nb = nbformat.read(folder / "executed.ipynb", as_version=4)
+        page = src / "notebooks" / f"{name}.md"
+        body = notebook_markdown(nb, src / "notebooks" / f"{name}_files", f"{name}_files")
+        header = (f"[Download the notebook]({name}.ipynb) · executed on `{site.plan.main}` for "
+                  f"this page ([executed copy]({name}.executed.ipynb)). Change `MODEL` in the "
+                  "first code cell to adapt it.\n\n")
+        title, sep, rest = body.partition("\n")
+        text = (f"{title}\n\n{header}{rest}" if title.startswith("# ") and sep
+                else header + body)
+        atomic_write_text(page, f"<!-- generated from docs/notebooks/{name}.ipynb -->\n{text}")
+        shutil.copy2(folder / "executed.ipynb", src / "notebooks" / f"{name}.executed.ipynb")
+
+
+def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
+    """Copy and render every page into ``src``; returns the gallery pages for the nav."""
+    try:
+        import jinja2
+    except ImportError as exc:  # pragma: no cover - jinja2 comes with mkdocs
+        raise MissingDependencyError("the docs build needs jinja2 (pip install -e '.[docs]')") \
+            from exc
+    from mechsink.viz.gallery import gallery_blocks
+
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    pages = _copy_sources(src)
+    write_assets(site, src)
+    main = site.plan.main
+    context = {
+        "plan": site.plan, "main": main, "main_slug": slug(main), "census": site.census,
+        "main_census": site.census.get(main) or next(iter(site.census.values())),
+        "circuits": site.circuits, "snippets": site.snippets,
+        "gallery_models": list(site.census), "notebooks": list(site.notebooks),
+        "main_attention": gallery_blocks(site.gallery[main], prefix="cvmain")
+        if main in site.gallery else "",
+        **helpers(),
+    }
+    for page in pages:
+        depth = len(page.relative_to(src).parts) - 1
+        text = page.read_text(encoding="utf-8")
+        try:
+            rendered = env.from_string(text).render(assets="../" * depth + "assets", **context)
+        except jinja2.TemplateError as exc:
+            raise RuntimeError(f"{page.relative_to(src)}: {exc}") from exc
+        atomic_write_text(page, rendered)
+    gallery = write_gallery(site, src, env)
+    if site.notebooks:
+        write_notebook_pages(site, src)
+    return gallery

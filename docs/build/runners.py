@@ -1,0 +1,137 @@
+"""The experiments the pages show, each run once and cached: census, gallery patterns, the
+experiments of :mod:`mechsink.experiments`, the code snippets (executed as shown) and notebooks."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from docs.build.cache import Cache, Models
+from docs.build.notebooks import execute_notebook
+from docs.build.plan import DOCS, GALLERY_SCHEMA, GALLERY_SEQ_LEN, ROOT
+from mechsink.bridge import act_name, token_strings
+from mechsink.io import atomic_write_json, atomic_write_text
+
+
+def run_scan(cache: Cache, models: Models, model: str, settings: Mapping[str, Any]) -> dict:
+    """The census of ``model`` (census.json only: figures are drawn at page time)."""
+    from mechsink.census import census, read_census, write_census
+
+    def produce(out: Path) -> None:
+        c = census(models(model), n=settings["n"], seq_len=settings["seq_len"],
+                   eps=settings["eps"], seed=settings["seed"],
+                   batch_size=settings["batch_size"], model_name=model)
+        write_census(c, out)
+
+    return read_census(cache.get("scan", model, dict(settings), produce))
+
+
+def run_gallery(cache: Cache, models: Models, model: str, data: Mapping[str, Any]) -> dict:
+    """Patterns of the strongest sink heads and a few ordinary heads on one natural sequence."""
+    from mechsink.viz.gallery import choose_heads, reference_run
+
+    heads = choose_heads(data)
+    ref = reference_run(data)
+    seq_len = min(GALLERY_SEQ_LEN, int(data["settings"]["seq_len"]))
+    settings = {"heads": heads, "variant": ref["variant"], "seq_len": seq_len, "seed": 0}
+
+    def produce(out: Path) -> None:
+        import torch
+
+        from mechsink.prompts import make_prompts
+
+        m = models(model)
+        tokens = make_prompts(m, "natural", ref["variant"], n=1, seq_len=seq_len, seed=0).tokens
+        layers = {layer for kind in heads.values() for layer, _, _ in kind}
+        names = {act_name("pattern", layer) for layer in layers}
+        with torch.no_grad():
+            _, c = m.run_with_cache(tokens, names_filter=lambda n: n in names)
+        strings = token_strings(m, tokens[0])
+        rows = []
+        for kind, chosen in heads.items():
+            for layer, head, score in chosen:
+                p = c[act_name("pattern", layer)][0, head].float()
+                rows.append({"kind": kind, "layer": layer, "head": head,
+                             "sink_score": round(score, 4),
+                             "pattern": [[round(float(v), 4) for v in p[i, : i + 1]]
+                                         for i in range(p.shape[0])]})
+        doc = {"schema": GALLERY_SCHEMA, "model": model,
+               "run": f"natural/{ref['variant']}", "seq_len": seq_len, "tokens": strings,
+               "heads": rows}
+        atomic_write_json(out / "gallery.json", doc)
+
+    folder = cache.get("gallery", model, settings, produce)
+    return json.loads((folder / "gallery.json").read_text(encoding="utf-8"))
+
+
+def run_circuit(cache: Cache, models: Models, name: str, model: str,
+                settings: Mapping[str, Any]) -> Path:
+    """The experiment ``name`` of :mod:`mechsink.experiments` on ``model`` (result folder)."""
+    from mechsink.experiments import get_experiment
+
+    experiment = get_experiment(name)
+
+    def produce(out: Path) -> None:
+        experiment.run(models(model), model_name=model, **settings).save(out)
+
+    code = b"".join(Path(f).read_bytes() for f in (experiment.module.__file__,
+                                                   ROOT / "mechsink" / "viz" / "experiments.py"))
+    digest = hashlib.sha256(code).hexdigest()  # a changed experiment or figure reruns
+    return cache.get(f"circuit-{name}", model, {"settings": dict(settings), "sha256": digest},
+                     produce)
+
+
+def snippet_source(name: str, model: str) -> str:
+    """A snippet's code as shown on its page: the ``MODEL = ...`` line names ``model``."""
+    src = (DOCS / "snippets" / f"{name}.py").read_text(encoding="utf-8")
+    return re.sub(r"^MODEL = .*$", f"MODEL = {model!r}", src, count=1, flags=re.M)
+
+
+def run_snippet(cache: Cache, name: str, model: str) -> dict[str, Any]:
+    """Execute a snippet as shown (``OUT`` pointed at the result folder); keep its output."""
+    code = snippet_source(name, model)
+
+    def produce(out: Path) -> None:
+        runnable = re.sub(r"^OUT = .*$", f"OUT = Path({str(out)!r})", code, count=1, flags=re.M)
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf), _quiet_warnings():
+            exec(compile(runnable, f"docs/snippets/{name}.py", "exec"),  # noqa: S102
+                 {"__name__": "__main__"})
+        atomic_write_text(out / "output.txt", buf.getvalue())
+
+    folder = cache.get(f"snippet-{name}", model,
+                       {"sha256": hashlib.sha256(code.encode()).hexdigest()}, produce)
+    return {"code": code.rstrip(), "output": (folder / "output.txt").read_text("utf-8").rstrip(),
+            "folder": folder, "json": {f.stem: json.loads(f.read_text("utf-8"))
+                                       for f in sorted(folder.glob("*.json"))
+                                       if f.name != "settings.json"}}
+
+
+@contextlib.contextmanager
+def _quiet_warnings() -> Iterator[None]:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def run_notebook(cache: Cache, name: str, model: str, extra: Mapping[str, Any]) -> Path:
+    """The executed notebook (``executed.ipynb``) with ``MODEL = model`` and ``extra``."""
+    src = DOCS / "notebooks" / f"{name}.ipynb"
+    params = {"MODEL": model, **extra}
+
+    def produce(out: Path) -> None:
+        import nbformat
+
+        nb = execute_notebook(src, params, out)
+        atomic_write_text(out / "executed.ipynb", nbformat.writes(nb))
+
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    return cache.get(f"notebook-{name}", model, {"sha256": digest, "params": params}, produce)

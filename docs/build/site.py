@@ -1,0 +1,88 @@
+"""The whole build: run (or reuse) every experiment of a plan, render the pages, write the
+mkdocs configuration and run ``mkdocs build``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from docs.build.cache import Cache, Models, log
+from docs.build.pages import Site, render_pages
+from docs.build.plan import CIRCUITS, CONFIG, DOCS, FULL, NOTEBOOKS, ROOT, SNIPPETS, Plan
+from docs.build.runners import run_circuit, run_gallery, run_notebook, run_scan, run_snippet
+from docs.build.tables import summary_body
+from mechsink.io import atomic_write_text
+
+
+def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
+    """Run (or reuse) every experiment of ``plan``."""
+    models = Models()
+    census, gallery = {}, {}
+    for model, settings in plan.scans.items():
+        census[model] = run_scan(cache, models, model, settings)
+        gallery[model] = run_gallery(cache, models, model, census[model])
+    circuits = {}
+    for name in CIRCUITS:  # the pool keeps the main model loaded across the experiments
+        folder = run_circuit(cache, models, name, plan.main, plan.circuit_settings.get(name, {}))
+        circuits[name] = {"folder": folder,
+                          "result": json.loads((folder / "result.json").read_text("utf-8")),
+                          "summary": summary_body((folder / "summary.md").read_text("utf-8")),
+                          "figures": sorted(f.name for f in folder.glob("*.png"))}
+    snippets = {name: run_snippet(cache, name, plan.main) for name in SNIPPETS}
+    nbs = ({name: run_notebook(cache, name, plan.main, plan.notebook_params.get(name, {}))
+            for name in NOTEBOOKS} if notebooks else {})
+    return Site(plan, census, gallery, circuits, snippets, nbs, cache)
+
+
+def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str, str]],
+                 notebooks: bool) -> Path:
+    """The mkdocs.yml for this build: the repository's, with the folders and nav filled in."""
+    import yaml
+
+    cfg = yaml.safe_load(CONFIG.read_text(encoding="utf-8"))
+    cfg["docs_dir"] = str(src)
+    cfg["site_dir"] = str(site_dir)
+    nav = []
+    for item in cfg["nav"]:
+        (title, value), = item.items()
+        if title == "Gallery":
+            value = [{"Overview": "gallery/index.md"}] + [{m: p} for m, p in gallery]
+        if title == "Notebooks" and not notebooks:
+            continue
+        nav.append({title: value})
+    cfg["nav"] = nav
+    for plugin in cfg.get("plugins", []):
+        if isinstance(plugin, dict) and "mkdocstrings" in plugin:
+            plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+    path = work / "mkdocs.yml"
+    atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | None = None,
+          work_dir: Path | None = None, notebooks: bool = True) -> Path:
+    """Run the experiments (cached), render the pages and build the site; returns site_dir."""
+    start = time.perf_counter()
+    site_dir = Path(site_dir or DOCS / "_site").resolve()
+    cache = Cache(Path(cache_dir or DOCS / "_cache").resolve())
+    work = Path(work_dir or DOCS / "_build").resolve()
+    site = collect(plan, cache, notebooks=notebooks)
+    t_exp = time.perf_counter() - start
+    src = work / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    src.mkdir(parents=True)
+    gallery = render_pages(site, src)
+    config = write_config(work, src, site_dir, gallery, notebooks)
+    t_mk = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--clean", "--strict",
+                           "-q", "-f", str(config)], cwd=work, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"mkdocs build failed:\n{proc.stdout}\n{proc.stderr}")
+    log(f"{plan.name} build: experiments {t_exp:.1f} s ({len(cache.runs)} run, "
+        f"{len(cache.hits)} cached), mkdocs {time.perf_counter() - t_mk:.1f} s, "
+        f"total {time.perf_counter() - start:.1f} s -> {site_dir}")
+    return site_dir
