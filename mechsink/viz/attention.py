@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,8 @@ def circuitsvis_js() -> str:
     return js.replace("</script", "<\\/script")
 
 
-def _full_pattern(lower: list[list[float | None]]) -> list[list[float]]:
-    """Rebuild a square causal pattern from its stored lower-triangular rows."""
+def full_pattern(lower: Sequence[Sequence[float | None]]) -> list[list[float]]:
+    """A square causal pattern from its stored lower-triangular rows (row i: keys 0..i)."""
     t = len(lower)
     return [[(row[j] or 0.0) if j < len(row) else 0.0 for j in range(t)] for row in lower]
 
@@ -45,7 +45,7 @@ def attention_page(data: Mapping[str, Any]) -> str:
     for i, run in enumerate(data["runs"]):
         ex = run["attention_example"]
         names = [f"L{h['layer']}H{h['head']} (sink {h['sink_score']:.2f})" for h in ex["heads"]]
-        props = {"attention": [_full_pattern(h["pattern"]) for h in ex["heads"]],
+        props = {"attention": [full_pattern(h["pattern"]) for h in ex["heads"]],
                  "tokens": ex["tokens"], "attentionHeadNames": names, "maskUpperTri": True}
         div = f"cv-{i}"
         sections.append(f"<h2>{html.escape(run['name'])}</h2>\n<div id=\"{div}\"></div>")

@@ -14,6 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mechsink.viz.attention import full_pattern
+
 GALLERY_SCHEMA = "mechsink-gallery/1"
 
 
@@ -54,12 +56,6 @@ def choose_heads(
                 if (t[0], t[1]) not in taken and t not in ordinary]
         ordinary = sorted(ordinary + rest[: n_ordinary - len(ordinary)], key=lambda t: t[:2])
     return {"sink": sink, "ordinary": ordinary}
-
-
-def full_pattern(lower: Sequence[Sequence[float | None]]) -> list[list[float]]:
-    """A square causal pattern from its stored lower-triangular rows (row i: keys 0..i)."""
-    t = len(lower)
-    return [[(row[j] or 0.0) if j < len(row) else 0.0 for j in range(t)] for row in lower]
 
 
 def _script_json(obj: Any) -> str:
