@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -47,6 +47,7 @@ __all__ = [
     "bos_token_id",
     "to_tokens",
     "token_strings",
+    "check_tokens",
     "n_kv_heads",
     "context_length",
     "check_seq_len",
@@ -60,6 +61,9 @@ __all__ = [
     "head_output_weights",
     "write_in_place",
     "norm_params",
+    "PrefixKV",
+    "supports_prefix_reuse",
+    "run_with_kv",
 ]
 
 
@@ -168,6 +172,24 @@ def to_tokens(
     tokens = torch.tensor(rows, dtype=torch.long, device=device)
     check_seq_len(model, tokens.shape[1])
     return tokens
+
+
+def check_tokens(model: Any, tokens: Tensor) -> None:
+    """Raise before any work when a token tensor is not integer or holds ids outside the
+    model's vocabulary (an embedding lookup would fail deep inside the forward, or on some
+    devices silently read garbage)."""
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise BadInputError(f"tokens must be integer ids, got a {tokens.dtype} tensor.")
+    if tokens.numel() == 0:
+        raise BadInputError("the token tensor is empty.")
+    vocab = int(model.cfg.d_vocab)
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise BadInputError(
+            f"token id {bad} is outside this model's vocabulary (0..{vocab - 1}): pass ids from "
+            "this model's tokenizer (mechsink.bridge.to_tokens)."
+        )
 
 
 def token_strings(model: Any, tokens: Sequence[int] | Tensor) -> list[str]:
@@ -352,12 +374,16 @@ def run_from_layer(
     *,
     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
     stop_after: Collection[str] = (),
+    prefix: tuple[PrefixKV, int] | None = None,
 ) -> Float[Tensor, "batch pos d_vocab"] | None:
     """Run blocks ``start..`` on ``resid`` (the residual entering block ``start``) with hooks.
 
     With ``stop_after`` the pass ends as soon as each named hook has fired once (later blocks,
     the final norm and the unembedding are skipped) and None is returned; otherwise the logits.
-    Hooks are always removed, also when a hook or the model raises.
+    With ``prefix=(kv, p)``, ``resid`` holds positions ``p..`` only and attention reads the
+    keys and values of positions ``< p`` from ``kv`` (every hook then sees positions ``p..``;
+    ``hook_pattern`` is ``[batch, head, query p.., key 0..]``). Hooks are always removed, also
+    when a hook or the model raises.
     """
     n_layers = int(model.cfg.n_layers)
     if not 0 <= start < n_layers:
@@ -374,9 +400,16 @@ def run_from_layer(
         return stopper
 
     hooks += [(name, make_stopper(name)) for name in sorted(pending)]
+    kwargs: dict[str, Any] = {}
+    reads_cache: Any = nullcontext()
+    if prefix is not None and prefix[1] > 0:
+        kv, first = prefix
+        copies = resid.shape[0] // kv.keys[0].shape[0]
+        kwargs = {"cache": kv.cache_for(first, copies), "use_cache": True}
+        reads_cache = _attention_reads_cache(model)
     try:
-        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start):
-            logits = model(resid, start_at_layer=start, return_type="logits")
+        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache:
+            logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
     except _StopForward:
         return None
     if stop_after:
@@ -441,3 +474,91 @@ def norm_params(model: Any, layer: int, which: str = "ln1") -> tuple[Tensor, Ten
     norm = getattr(model.blocks[layer], which)
     bias = getattr(norm, "b", None)
     return norm.w, bias
+
+
+# --- prefix reuse: attention that reads the keys/values of earlier positions from a cache -----
+
+
+class PrefixKV:
+    """Keys and values every attention layer used on one run (``[batch, kv_head, pos, d_head]``
+    per layer, post-rotary where the model rotates keys), recorded by :func:`run_with_kv`.
+
+    A later run of positions ``p..`` from some layer on reads positions ``< p`` from here
+    (:func:`run_from_layer`'s ``prefix=``): in a causal model, a patch at positions ``>= p``
+    leaves every earlier position's keys and values unchanged.
+    """
+
+    def __init__(self, model: Any, keys: list[Tensor], values: list[Tensor]) -> None:
+        self.config = hf_model_of(model).config
+        self.keys, self.values = keys, values
+
+    def cache_for(self, first: int, copies: int) -> Any:
+        """A fresh transformers cache holding positions ``< first``, repeated ``copies`` times
+        along the batch (copy-major, like the stacked patch batches)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.config)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            cache.update(k[:, :, :first].repeat(copies, 1, 1, 1),
+                         v[:, :, :first].repeat(copies, 1, 1, 1), layer)
+        return cache
+
+
+def supports_prefix_reuse(model: Any) -> bool:
+    """True for TransformerBridge models whose attention blocks can extend K/V from a cache."""
+    try:
+        hf_model_of(model)
+    except BadInputError:
+        return False
+    blocks = getattr(model, "blocks", None)
+    return bool(blocks) and all(hasattr(getattr(b, "attn", None), "_update_kv_cache")
+                                for b in blocks)
+
+
+@contextmanager
+def _attention_reads_cache(model: Any) -> Iterator[None]:
+    """Let the bridge's attention find the transformers cache under either keyword.
+
+    transformers 5 hands the cache to attention as ``cache=``; TransformerLens 4.3's attention
+    components look for ``past_key_values=`` only, so without this they would neither record
+    nor read cached keys and values.
+    """
+    attns = [b.attn for b in model.blocks]
+    for attn in attns:
+        original = attn._update_kv_cache
+
+        def update(k: Tensor, v: Tensor, _original: Any = original, **kw: Any) -> Any:
+            if kw.get("past_key_values") is None and kw.get("cache") is not None:
+                kw["past_key_values"] = kw["cache"]
+            return _original(k, v, **kw)
+
+        attn._update_kv_cache = update
+    try:
+        yield
+    finally:
+        for attn in attns:
+            attn.__dict__.pop("_update_kv_cache", None)
+
+
+def run_with_kv(
+    model: Any, tokens: Int[Tensor, "batch pos"], names: Collection[str]
+) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor], PrefixKV | None]:
+    """One forward: logits, the activations ``names`` and (where supported) every layer's keys
+    and values, for later runs that reuse this run's prefix. Hooks are removed afterwards."""
+    wanted = set(names)
+    if not supports_prefix_reuse(model):
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+        return logits, dict(cache.cache_dict), None
+    from transformers import DynamicCache
+
+    record = DynamicCache(config=hf_model_of(model).config)
+    with _attention_reads_cache(model):
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted,
+                                             cache=record, use_cache=True)
+    layers = record.layers
+    if len(layers) != int(model.cfg.n_layers) or any(
+        x.keys is None or x.keys.shape[2] != tokens.shape[1] for x in layers
+    ):  # this model did not record every position (or keeps a window only): no reuse
+        return logits, dict(cache.cache_dict), None
+    kv = PrefixKV(model, [x.keys for x in layers], [x.values for x in layers])
+    return logits, dict(cache.cache_dict), kv

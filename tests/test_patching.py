@@ -181,8 +181,11 @@ def test_result_frame_json_heatmap(tmp_path, gpt2_tiny):
     path = res.to_json(tmp_path / "r.json")
     back = PatchResult.from_json(path)
     assert torch.allclose(back.values, res.values) and back.axes == res.axes
-    fig = res.heatmap()
+    from mechsink.viz.patching import heatmap
+
+    fig = heatmap(path)
     fig.savefig(tmp_path / "r.png")
+    assert (tmp_path / "r.png").stat().st_size > 0
 
 
 # --- bad input and hook hygiene ---------------------------------------------------------

@@ -155,7 +155,7 @@ def _hooked_value(model, tokens, hook_name, replace):
     return logit_metric(logits).item()
 
 
-@pytest.mark.parametrize("ablation", ["zero", "mean", "position_mean"])
+@pytest.mark.parametrize("ablation", ["zero", "mean", "batch_mean", "position_mean"])
 def test_ablation_of_the_last_mlp_equals_a_plain_hook(gpt2_tiny, ablation):
     """Nothing is downstream of the last MLP, so its path patch to the metric is the plain
     ablation of its output at position 0, computed here with one run_with_hooks."""
@@ -166,7 +166,7 @@ def test_ablation_of_the_last_mlp_equals_a_plain_hook(gpt2_tiny, ablation):
     def replace(act):
         if ablation == "zero":
             act[:, 0] = 0
-        elif ablation == "mean":
+        elif ablation in ("mean", "batch_mean"):
             act[:, 0] = act[:, 0].mean(0, keepdim=True)
         else:
             act[:, 0] = act[:, 1:].mean(1)
@@ -176,7 +176,7 @@ def test_ablation_of_the_last_mlp_equals_a_plain_hook(gpt2_tiny, ablation):
     res = path_patch(gpt2_tiny, tokens, None, [f"MLP{last}@0"], ["metric"], logit_metric,
                      ablation=ablation)
     assert res.corrupted_value is None
-    assert res.meta["ablation"] == ablation
+    assert res.meta["ablation"] == {"mean": "batch_mean"}.get(ablation, ablation)
     assert abs(res.values[0].item() - expected) <= 1e-4
 
 
@@ -202,6 +202,6 @@ def test_ablation_bad_input(gpt2_tiny):
                    ablation="zero")
     with pytest.raises(BadInputError, match="either a corrupted input or an ablation"):
         path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric)
-    with pytest.raises(BadInputError, match="ablation must be one of"):
+    with pytest.raises(BadInputError, match="unknown ablation 'median'"):
         path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric,
                    ablation="median")

@@ -1,9 +1,12 @@
-"""Patching engine: exact batched activation patching, path patching, attribution patching.
+"""Patching: exact batched activation patching, path patching, attribution patching.
 
-Sites say what to patch, metrics what to measure (logits or sink quantities), and every
-sweep returns a :class:`PatchResult`.
+Sites say what to patch, metrics what to measure (logits or sink quantities), ablations
+(:mod:`mechsink.ablation`) what replaces a switched-off activation, and every sweep returns a
+:class:`PatchResult`. All three share :mod:`mechsink.patching.engine`. Draw a result with
+:func:`mechsink.viz.patching.heatmap`.
 """
 
+from mechsink.ablation import Ablation
 from mechsink.patching.activation import activation_patch
 from mechsink.patching.attribution import attribution_patch, compare_to_exact
 from mechsink.patching.metrics import (
@@ -20,13 +23,13 @@ from mechsink.patching.metrics import (
     as_metric,
     parse_metric,
 )
-from mechsink.patching.path import path_patch
+from mechsink.patching.path import parse_component, parse_receiver, path_patch
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 __all__ = [
-    "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric", "Needs",
-    "Outputs", "PatchResult", "ResidNorm", "Site", "SinkScore", "activation_patch",
-    "as_metric", "attribution_patch", "compare_to_exact", "parse_metric", "parse_site",
-    "path_patch",
+    "Ablation", "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric",
+    "Needs",    "Outputs", "PatchResult", "ResidNorm", "Site", "SinkScore", "activation_patch",
+    "as_metric", "attribution_patch", "compare_to_exact", "parse_component", "parse_metric",
+    "parse_receiver", "parse_site", "path_patch",
 ]

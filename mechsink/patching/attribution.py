@@ -15,16 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.bridge import run_from_layer, unembed
+from mechsink.bridge import act_name, run_from_layer, unembed
 from mechsink.errors import BadInputError
-from mechsink.patching.activation import (
-    TokensLike,
-    as_tokens,
-    check_pair,
-    outputs_on,
-    resolve_needs,
-)
-from mechsink.patching.metrics import Metric, Outputs, as_metric, check_value
+from mechsink.patching import engine
+from mechsink.patching.engine import TokensLike, as_tokens
+from mechsink.patching.metrics import Metric, Outputs, check_value
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
@@ -43,29 +38,23 @@ def attribution_patch(
     if direction not in ("denoise", "noise"):
         raise BadInputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
-    corr_t = as_tokens(model, corrupted, prepend_bos=prepend_bos)
-    check_pair(clean_t, corr_t)
     seq_len = clean_t.shape[1]
     site = parse_site(site).resolve(model, seq_len)
-    metric = as_metric(metric)
-    needs = resolve_needs(model, metric, seq_len)
-    run_t, src_t = (corr_t, clean_t) if direction == "denoise" else (clean_t, corr_t)
     layers = sorted(set(site.axis_values()["layer"]))
     names = [site.hook_name(layer) for layer in layers]
+    run_key, src_key = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
     with torch.no_grad():
-        clean_out = outputs_on(model, clean_t, needs)
-        metric = metric.bind(clean_out)
-        clean_value = check_value(metric(clean_out), "on the clean run")
-        corr_value = check_value(metric(outputs_on(model, corr_t, needs)), "on the corrupted run")
-        _, src_cache = model.run_with_cache(src_t, names_filter=lambda n: n in set(names))
-        _, run_cache = model.run_with_cache(
-            run_t, names_filter=lambda n: n == "blocks.0.hook_resid_pre")
+        s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos,
+                         keep={src_key: set(names), run_key: {act_name("resid_pre", 0)}})
+    run = s.corrupted if direction == "denoise" else s.clean
+    src = s.clean if direction == "denoise" else s.corrupted
+    assert run is not None and src is not None
+    metric_, needs = s.metrics[0], s.needs
 
     acts: dict[str, Tensor] = {}
     grads: dict[str, Tensor] = {}
     captured: dict[str, Tensor] = {}
-    n_layers = int(model.cfg.n_layers)
-    final = f"blocks.{n_layers - 1}.hook_resid_post"
+    final = engine.final_resid(model)
 
     def keep(name: str, act: Tensor) -> Tensor:
         # a new tensor: bridge components use the hooked value only when it is a new object
@@ -79,7 +68,7 @@ def attribution_patch(
     ]
     wanted = set(needs.hooks) | ({final} if isinstance(needs.logits, tuple) else set())
     hooks += [(h, lambda a, hook, h=h: captured.__setitem__(h, a)) for h in sorted(wanted)]
-    resid = run_cache["blocks.0.hook_resid_pre"].detach().clone().requires_grad_(True)
+    resid = run.acts[act_name("resid_pre", 0)].detach().clone().requires_grad_(True)
     with torch.enable_grad():
         logits = run_from_layer(model, resid, 0, fwd_hooks=hooks)
         positions = None
@@ -88,27 +77,29 @@ def attribution_patch(
             logits = unembed(model, captured[final][:, list(positions)])
         out = Outputs(seq_len, {h: captured[h] for h in needs.hooks},
                       None if needs.logits is None else logits, positions)
-        value = metric(out)
-        check_value(value.detach(), "on the run input")
+        value = metric_(out)
+        check_value(value.detach() if isinstance(value, Tensor) else value, "on the run input",
+                    metric_)
         value.backward()
 
-    units = site.units()
     axis_vals = site.axis_values()
-    where = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
+    index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
     result = torch.empty(tuple(len(v) for v in axis_vals.values()), dtype=torch.float64)
     base = float(value.detach())
     for layer, name in zip(layers, names, strict=True):
         if name not in grads:  # the metric does not depend on this layer's activation
             grads[name] = torch.zeros_like(acts[name])
-        contrib = ((src_cache[name] - acts[name]) * grads[name]).sum(0)  # sum over batch
-        for u in units:
+        contrib = ((src.acts[name] - acts[name]) * grads[name]).sum(0)  # sum over batch
+        for u in site.units():
             if u[0] != layer:
                 continue
             m = site.mask(u, contrib.shape)
-            cell = tuple(w[x] for w, x in zip(where, u, strict=True))
+            cell = tuple(w[x] for w, x in zip(index_of, u, strict=True))
             result[cell] = base + float(contrib[m].sum())
+    clean_value, corr_value = s.clean_values[0], s.corrupted_values[0]
+    assert corr_value is not None
     return PatchResult.from_site(
-        model, site, result, metric_name=metric.name, clean_value=float(clean_value),
+        model, site, result, metric_name=metric_.name, clean_value=float(clean_value),
         corrupted_value=float(corr_value), tokens=clean_t[0], direction=direction,
         method="attribution",
     )

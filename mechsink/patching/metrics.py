@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mechsink.bridge import act_name
 from mechsink.errors import BadInputError
 from mechsink.measure.sinks import sink_score as _sink_score
 
@@ -38,11 +39,6 @@ class Needs:
         else:
             logits = tuple(sorted(set(self.logits) | set(other.logits)))
         return Needs(self.hooks | other.hooks, logits)
-
-    def last_layer(self) -> int | None:
-        """Deepest block index among the hooks (None if no block hook is read)."""
-        layers = [layer_of(h) for h in self.hooks]
-        return max((x for x in layers if x is not None), default=None)
 
 
 def layer_of(hook: str) -> int | None:
@@ -227,10 +223,10 @@ class SinkScore(Metric):
             raise BadInputError(
                 f"sink_score: head {self.head} is out of range (0..{int(model.cfg.n_heads) - 1})."
             )
-        return Needs(hooks=frozenset({f"blocks.{self.layer}.attn.hook_pattern"}))
+        return Needs(hooks=frozenset({act_name("pattern", self.layer)}))
 
     def __call__(self, out: Outputs) -> Tensor:
-        pattern = out.act(f"blocks.{self.layer}.attn.hook_pattern")
+        pattern = out.act(act_name("pattern", self.layer))
         scores = _sink_score(pattern, self.key_pos, include_self=self.include_self)
         return (scores if self.head is None else scores[:, self.head]).mean()
 
@@ -249,10 +245,10 @@ class MassiveValue(Metric):
         d = int(model.cfg.d_model)
         if not 0 <= self.channel < d:
             raise BadInputError(f"massive_value: channel {self.channel} is outside 0..{d - 1}.")
-        return Needs(hooks=frozenset({f"blocks.{self.layer}.hook_resid_post"}))
+        return Needs(hooks=frozenset({act_name("resid_post", self.layer)}))
 
     def __call__(self, out: Outputs) -> Tensor:
-        return out.act(f"blocks.{self.layer}.hook_resid_post")[:, self.pos, self.channel].mean()
+        return out.act(act_name("resid_post", self.layer))[:, self.pos, self.channel].mean()
 
 
 @dataclass(frozen=True, eq=False)
@@ -265,10 +261,10 @@ class ResidNorm(Metric):
 
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "resid_norm")
-        return Needs(hooks=frozenset({f"blocks.{self.layer}.hook_resid_post"}))
+        return Needs(hooks=frozenset({act_name("resid_post", self.layer)}))
 
     def __call__(self, out: Outputs) -> Tensor:
-        return out.act(f"blocks.{self.layer}.hook_resid_post")[:, self.pos].norm(dim=-1).mean()
+        return out.act(act_name("resid_post", self.layer))[:, self.pos].norm(dim=-1).mean()
 
 
 def as_metric(metric: Metric | Callable[[Tensor], Tensor]) -> Metric:
@@ -282,17 +278,27 @@ def as_metric(metric: Metric | Callable[[Tensor], Tensor]) -> Metric:
     )
 
 
-def check_value(value: Any, where: str) -> Tensor:
-    """The metric's value as a 0-d float tensor; a clear error if it is not a finite scalar."""
+def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
+    """The metric's value as a 0-d float tensor; a clear error (naming the metric and what it
+    returned) if it is not a finite real scalar."""
+    name = "the metric" if metric is None else f"the metric {getattr(metric, 'name', metric)!r}"
+    if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise BadInputError(
+            f"{name} returned {shown} (a {type(value).__name__}) {where}; it must return a "
+            "scalar tensor or a number."
+        )
     t = torch.as_tensor(value)
     if t.ndim != 0:
         raise BadInputError(
-            f"the metric returned a tensor of shape {tuple(t.shape)} {where}; it must return a "
+            f"{name} returned a tensor of shape {tuple(t.shape)} {where}; it must return a "
             "scalar (reduce over batch and positions, e.g. with .mean())."
         )
+    if t.is_complex() or t.dtype == torch.bool:
+        raise BadInputError(f"{name} returned a {t.dtype} scalar {where}; it must be real.")
     if not torch.isfinite(t):
         raise BadInputError(
-            f"the metric returned {t.item()} {where}: it must be finite (check for log(0), "
+            f"{name} returned {t.item()} {where}: it must be finite (check for log(0), "
             "division by zero or an empty selection)."
         )
     return t.detach().to(torch.float64)

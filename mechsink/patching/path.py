@@ -33,24 +33,26 @@ entering block 12; ``resid12@POS`` and ``resid12@POS:CHANNEL``) and ``metric``.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from mechsink.bridge import n_kv_heads, run_from_layer, token_strings, write_in_place
-from mechsink.errors import BadInputError
-from mechsink.patching.activation import (
-    TokensLike,
-    as_tokens,
-    check_pair,
-    outputs_on,
-    resolve_needs,
-    run_stacked,
+from mechsink.ablation import Ablation, as_ablation
+from mechsink.bridge import (
+    act_name,
+    hook_names,
+    n_kv_heads,
+    run_from_layer,
+    token_strings,
+    write_in_place,
 )
-from mechsink.patching.metrics import Metric, as_metric, check_value
+from mechsink.errors import BadInputError
+from mechsink.patching import engine
+from mechsink.patching.engine import TokensLike
+from mechsink.patching.metrics import ALL, Metric
 from mechsink.patching.result import PatchResult
 
 HookFn = Callable[..., Any]
@@ -154,116 +156,150 @@ def path_patch(
     corrupted: TokensLike | None,
     senders: Sequence[str | Component | Sequence[str | Component]],
     receivers: Sequence[str | Receiver],
-    metric: Metric | Callable[[Tensor], Tensor],
+    metric: Metric | Callable[[Tensor], Tensor] | Sequence[Metric | Callable[[Tensor], Tensor]],
     *,
-    ablation: str | None = None,
+    ablation: str | Ablation | None = None,
     scales: str = "recomputed",
-    batch_size: int = 16,
+    batch_size: int | None = 16,
+    memory_budget: int | None = None,
     prepend_bos: bool = True,
-) -> PatchResult:
+    seed: int = 0,
+) -> Any:
     """Path-patch each sender (or group of senders) to ``receivers``; one value per entry.
 
     Returns a :class:`PatchResult` with axis ``sender``; ``clean_value``/``corrupted_value``
     are the metric on the unpatched runs (``corrupted_value`` is None under ``ablation``).
+    Several metrics (a list) share every forward and give a list of results, one per metric.
+    ``ablation`` (:mod:`mechsink.ablation`, with ``corrupted=None``): ``"zero"``,
+    ``"batch_mean"`` (``"mean"``) over the clean batch, ``"position_mean"`` (the mean over the
+    positions the sender does not cover, so a sender needs ``@pos``) or ``"resample"`` (rows of
+    the clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
+    many as ``memory_budget`` allows).
     """
     if scales not in ("recomputed", "frozen"):
         raise BadInputError(f"scales must be 'recomputed' or 'frozen', got {scales!r}.")
-    if ablation not in ABLATIONS:
-        raise BadInputError(f"ablation must be one of {ABLATIONS[1:]} or None, got {ablation!r}.")
-    if (ablation is None) == (corrupted is None):
+    abl = as_ablation(ablation, mean="batch_mean", seed=seed)
+    if (abl is None) == (corrupted is None):
         raise BadInputError("give either a corrupted input or an ablation (corrupted=None), "
                             "not both and not neither.")
+    engine.check_batch_size(batch_size)
     if not senders:
         raise BadInputError("no senders given.")
-    clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
-    corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
-    if corr_t is not None:
-        check_pair(clean_t, corr_t)
-    if ablation == "position_mean" and clean_t.shape[1] < 2:
-        raise BadInputError("position_mean ablation needs at least 2 positions.")
-    b0, seq_len = clean_t.shape
     groups = [[parse_component(s)] if isinstance(s, (str, Component)) else
               [parse_component(x) for x in s] for s in senders]
     recvs = [parse_receiver(r) for r in receivers]
     if not recvs:
         raise BadInputError("no receivers given: pass e.g. ['metric'] or ['L5H1.v'].")
-    for c in [c for g in groups for c in g] + recvs:
-        _check(model, c, seq_len)
     to_metric = any(r.kind == "metric" for r in recvs)
     if to_metric and len(recvs) > 1:
         raise BadInputError("'metric' as a receiver cannot be combined with other receivers.")
-    metric = as_metric(metric)
-    needs = resolve_needs(model, metric, seq_len)
+    clean_t = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
+    batch, seq_len = clean_t.shape
+    for c in [c for g in groups for c in g] + recvs:
+        _check(model, c, seq_len)
+    if abl is not None and abl.kind == "position_mean":
+        whole = sorted({_name(c) for g in groups for c in g if c.pos is None})
+        if whole or seq_len < 2:
+            raise BadInputError(
+                "position_mean ablation replaces a sender's output at its position by the mean "
+                f"over the other positions: give each sender a position (e.g. {whole[0]}@0)"
+                if whole else "position_mean ablation needs at least 2 positions.")
+    names = _cached_names(model, groups, recvs, scales)
+    keep = {"clean": names} if corrupted is None else {"clean": names, "corrupted": names}
+    many = isinstance(metric, (list, tuple))
 
     with torch.no_grad():
-        clean_out = outputs_on(model, clean_t, needs)
-        metric = metric.bind(clean_out)
-        clean_value = check_value(metric(clean_out), "on the clean run")
-        _, cc = model.run_with_cache(clean_t)
-        if corr_t is None:
-            corr_value, cx = None, AblatedActivations(cc, ablation)
-        else:
-            corr_value = check_value(metric(outputs_on(model, corr_t, needs)),
-                                     "on the corrupted run")
-            _, cx = model.run_with_cache(corr_t)
-        values = []
-        for lo in range(0, len(groups), batch_size):
-            chunk = groups[lo:lo + batch_size]
-            freeze = _freeze_hooks(model, chunk, cc, cx, b0, seq_len, scales)
-            resid0 = _embed_rows(chunk, cc, cx, b0, seq_len)
-            if to_metric:
-                values += run_stacked(model, resid0, 0, len(chunk), freeze, metric, needs,
-                                      upstream=cc.cache_dict, stacked=True,
-                                      where="on the path-patched run")
-                continue
-            recorded: dict[str, Tensor] = {}
-            names = [_recv_hook(r) for r in recvs]
-            rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(names)]
-            # record before freezing: recorders registered first see the computed values
-            run_from_layer(model, resid0, 0, fwd_hooks=rec + freeze, stop_after=set(names))
-            start = min(r.layer for r in recvs)
-            patch = [(h, _receiver_patch(model, r, recorded[h], len(chunk), b0, seq_len))
-                     for r, h in zip(recvs, names, strict=True)]
-            values += run_stacked(model, cc[f"blocks.{start}.hook_resid_pre"], start,
-                                  len(chunk), patch, metric, needs,
-                                  upstream=cc.cache_dict, where="on the receiver run")
+        s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep)
+        clean_acts = s.clean.acts
+        sender_source = SenderValues(clean_acts, None if s.corrupted is None else
+                                     s.corrupted.acts, abl)
+        per_batch = batch_size or engine.copies_per_batch(
+            model, batch, seq_len, 0, -1 if s.needs.logits == ALL else len(s.needs.logits or ()),
+            memory_budget=memory_budget)
+        values: list[list[Tensor]] = [[] for _ in s.metrics]
+        with engine.progress(len(groups), "path patching") as bar:
+            for lo in range(0, len(groups), per_batch):
+                chunk = groups[lo:lo + per_batch]
+                freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, seq_len, scales)
+                resid0 = _embed_rows(chunk, clean_acts, sender_source, seq_len)
+                if to_metric:
+                    got = engine.run_patched(model, s.clean, s.metrics, s.needs, resid0, 0,
+                                             len(chunk), freeze, stacked=True,
+                                             context="on the path-patched run")
+                else:
+                    got = _through_receivers(model, s, recvs, chunk, freeze, resid0, seq_len)
+                for j, vals in enumerate(got):
+                    values[j] += vals
+                bar.update(len(chunk))
     labels = ["+".join(_name(c) for c in g) for g in groups]
-    return PatchResult(
-        values=torch.stack(values), axes=("sender",), labels={"sender": labels},
-        site="path:" + ",".join(_rname(r) for r in recvs), metric=metric.name,
-        clean_value=float(clean_value),
-        corrupted_value=None if corr_value is None else float(corr_value),
+    results = [PatchResult(
+        values=torch.stack(vals), axes=("sender",), labels={"sender": labels},
+        site="path:" + ",".join(_rname(r) for r in recvs), metric=m.name,
+        clean_value=float(cv), corrupted_value=None if xv is None else float(xv),
         tokens=token_strings(model, clean_t[0]),
-        meta={"scales": scales, "direction": "noise", "ablation": ablation},
-    )
+        meta={"scales": scales, "direction": "noise",
+              "ablation": None if abl is None else str(abl)},
+    ) for m, vals, cv, xv in zip(s.metrics, values, s.clean_values, s.corrupted_values,
+                                 strict=True)]
+    return results if many else results[0]
 
 
-ABLATIONS = (None, "zero", "mean", "position_mean")
+def _through_receivers(
+    model: Any, s: engine.Setup, recvs: list[Receiver], chunk: list[list[Component]],
+    freeze: list[tuple[str, HookFn]], resid0: Tensor, seq_len: int,
+) -> list[list[Tensor]]:
+    """Step 1 (record the receivers' inputs on the sender run) and step 2 (the clean run with
+    only those inputs replaced), for one batch of sender groups."""
+    recorded: dict[str, Tensor] = {}
+    hooks = [_recv_hook(r) for r in recvs]
+    rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
+    # record before freezing: recorders registered first see the computed values
+    run_from_layer(model, resid0, 0, fwd_hooks=rec + freeze, stop_after=set(hooks))
+    start = min(r.layer for r in recvs)
+    patch = [(h, _receiver_patch(model, r, recorded[h], seq_len))
+             for r, h in zip(recvs, hooks, strict=True)]
+    return engine.run_patched(model, s.clean, s.metrics, s.needs,
+                              s.clean.acts[act_name("resid_pre", start)], start, len(chunk),
+                              patch, context="on the receiver run")
 
 
-class AblatedActivations(Mapping):
-    """The clean run's activations, ablated on read: the "corrupted run" of an ablation."""
+def _cached_names(
+    model: Any, groups: list[list[Component]], recvs: list[Receiver], scales: str
+) -> set[str]:
+    """Activations path patching reads from the clean (and corrupted) run."""
+    n_layers = int(model.cfg.n_layers)
+    names = {act_name("resid_pre", 0)}
+    names |= {act_name("resid_pre", r.layer) for r in recvs if r.kind != "metric"}
+    for layer in range(n_layers):
+        names |= {act_name("z", layer), act_name("mlp_out", layer)}
+    names |= {act_name("post", c.layer) for g in groups for c in g if c.kind == "neuron"}
+    if scales == "frozen":
+        known = hook_names(model)
+        names |= {n for n in _scale_names(model) if n in known}
+    return names
 
-    def __init__(self, clean: Any, ablation: str) -> None:
-        self.clean, self.ablation, self._done = clean, ablation, {}
 
-    def __getitem__(self, name: str) -> Tensor:
-        if name not in self._done:
-            act = self.clean[name]
-            if self.ablation == "zero":
-                new = torch.zeros_like(act)
-            elif self.ablation == "mean":
-                new = act.mean(0, keepdim=True).expand_as(act)
-            else:  # position_mean: positions 1.. of the same sequence
-                new = act[:, 1:].mean(1, keepdim=True).expand_as(act)
-            self._done[name] = new
-        return self._done[name]
+def _scale_names(model: Any) -> list[str]:
+    return [act_name(f"{ln}.hook_scale", layer) for layer in range(int(model.cfg.n_layers))
+            for ln in ("ln1", "ln2")] + ["ln_final.hook_scale"]
 
-    def __iter__(self) -> Any:
-        return iter(self.clean.cache_dict)
 
-    def __len__(self) -> int:
-        return len(self.clean.cache_dict)
+class SenderValues:
+    """What a sender's output becomes: the corrupted run's value, or the clean run's ablated
+    (:class:`~mechsink.ablation.Ablation`; position_mean over the positions it leaves alone)."""
+
+    def __init__(self, clean: dict[str, Tensor], corrupted: dict[str, Tensor] | None,
+                 ablation: Ablation | None) -> None:
+        self.clean, self.corrupted, self.ablation = clean, corrupted, ablation
+
+    def __call__(self, name: str, pos: int | None, seq_len: int) -> Tensor:
+        """The full ``[batch, pos, ...]`` sender value of hook ``name`` (use it at ``pos``)."""
+        if self.corrupted is not None:
+            return self.corrupted[name]
+        assert self.ablation is not None
+        ablated = torch.zeros(seq_len, dtype=torch.bool)
+        ablated[_pos_index(pos, seq_len)] = True
+        return self.ablation.values(self.clean[name], ablated)
 
 
 def _name(c: Component) -> str:
@@ -302,9 +338,7 @@ def _pos_index(pos: int | None, seq_len: int) -> Any:
     return slice(None) if pos is None else (pos + seq_len if pos < 0 else pos)
 
 
-def _receiver_patch(
-    model: Any, r: Receiver, recorded: Tensor, n: int, b0: int, seq_len: int
-) -> HookFn:
+def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int) -> HookFn:
     """Overwrite the receiver's slice with its value from the sender run (per stacked copy)."""
     p = _pos_index(r.pos, seq_len)
     if r.kind in ("q", "k", "v"):
@@ -323,99 +357,97 @@ def _receiver_patch(
     return hook
 
 
-def _rows_mask(flags: list[bool], b0: int) -> Tensor:
-    return torch.tensor(flags).repeat_interleave(b0)
-
-
-def _embed_rows(chunk: list[list[Component]], cc: Any, cx: Any, b0: int, seq_len: int) -> Tensor:
-    """Residual entering block 0 per stacked copy: corrupted embedding where it is a sender."""
-    clean0, corr0 = cc["blocks.0.hook_resid_pre"], cx["blocks.0.hook_resid_pre"]
+def _embed_rows(
+    chunk: list[list[Component]], clean: dict[str, Tensor], sender_value: SenderValues,
+    seq_len: int,
+) -> Tensor:
+    """Residual entering block 0 per stacked copy: the sender value where ``embed`` sends."""
+    name = act_name("resid_pre", 0)
     rows = []
     for group in chunk:
-        r = clean0.clone()
+        row = clean[name].clone()
         for c in group:
             if c.kind == "embed":
                 p = _pos_index(c.pos, seq_len)
-                r[:, p] = corr0[:, p]
-        rows.append(r)
+                row[:, p] = sender_value(name, c.pos, seq_len)[:, p]
+        rows.append(row)
     return torch.cat(rows)
 
 
+def _stack(
+    name: str, chunk: list[list[Component]], kind: str, layer: int, clean: dict[str, Tensor],
+    sender_value: SenderValues, seq_len: int,
+) -> tuple[Tensor, Tensor] | None:
+    """Per copy: the clean activation with the senders' values written in, and where they
+    are (``[copies, batch, ...]`` and a bool mask of the same layout, batch axis 1); None
+    when no sender of this chunk sits here."""
+    if not any(c.kind == kind and c.layer == layer for g in chunk for c in g):
+        return None
+    act = clean[name]
+    base = act.unsqueeze(0).repeat(len(chunk), *[1] * act.ndim)
+    where_sent = torch.zeros(len(chunk), 1, *act.shape[1:], dtype=torch.bool)
+    for i, group in enumerate(chunk):
+        for c in group:
+            if c.kind != kind or c.layer != layer:
+                continue
+            p = _pos_index(c.pos, seq_len)
+            index: tuple[Any, ...] = (slice(None), p) if kind == "mlp" else (
+                slice(None), p, c.index)
+            base[i][index] = sender_value(name, c.pos, seq_len)[index]
+            where_sent[i][index] = True
+    return base, where_sent
+
+
 def _freeze_hooks(
-    model: Any, chunk: list[list[Component]], cc: Any, cx: Any, b0: int, seq_len: int,
-    scales: str,
+    model: Any, chunk: list[list[Component]], clean: dict[str, Tensor],
+    sender_value: SenderValues, seq_len: int, scales: str,
 ) -> list[tuple[str, HookFn]]:
-    """Hooks that put senders at corrupted values and freeze every other component at clean."""
+    """Hooks that put senders at their sender values and freeze every other component at its
+    clean value (a neuron sender's MLP output is recomputed from the frozen neurons)."""
     n = len(chunk)
     hooks: list[tuple[str, HookFn]] = []
-    n_heads = int(model.cfg.n_heads)
     for layer in range(int(model.cfg.n_layers)):
-        # heads: clean z everywhere except the senders' (head, pos) in their copy
-        z = f"blocks.{layer}.attn.hook_z"
-        mask = torch.zeros(n, 1, seq_len, n_heads, 1, dtype=torch.bool)
-        for i, g in enumerate(chunk):
-            for c in g:
-                if c.kind == "head" and c.layer == layer:
-                    mask[i, :, _pos_index(c.pos, seq_len), c.index] = True
-        hooks.append((z, _mix(mask, cc[z], cx[z], n)))
-        # neurons: in copies with a neuron sender here, other neurons frozen clean
-        post = f"blocks.{layer}.mlp.hook_post"
-        has_neuron = [any(c.kind == "neuron" and c.layer == layer for c in g) for g in chunk]
-        if any(has_neuron):
-            d_mlp = cc[post].shape[-1]
-            nmask = torch.zeros(n, 1, seq_len, d_mlp, dtype=torch.bool)
-            keep = torch.ones(n, 1, seq_len, d_mlp, dtype=torch.bool)
-            for i, g in enumerate(chunk):
-                if has_neuron[i]:
-                    keep[i] = False
-                for c in g:
-                    if c.kind == "neuron" and c.layer == layer:
-                        nmask[i, :, _pos_index(c.pos, seq_len), c.index] = True
-            hooks.append((post, _mix3(keep, nmask, cc[post], cx[post], n)))
-        # MLP output: corrupted for MLP senders, recomputed for neuron senders, else clean
-        out = f"blocks.{layer}.hook_mlp_out"
-        keep = torch.zeros(n, 1, seq_len, 1, dtype=torch.bool)
-        mmask = torch.zeros(n, 1, seq_len, 1, dtype=torch.bool)
-        for i, g in enumerate(chunk):
-            if has_neuron[i]:
-                keep[i] = True
-            for c in g:
-                if c.kind == "mlp" and c.layer == layer:
-                    mmask[i, :, _pos_index(c.pos, seq_len)] = True
-        hooks.append((out, _mix3(keep, mmask, cc[out], cx[out], n)))
+        z = act_name("z", layer)
+        stacked = _stack(z, chunk, "head", layer, clean, sender_value, seq_len)
+        hooks.append((z, _mix(None, stacked[0] if stacked else None, clean[z], n)))
+        # neurons: in copies with a neuron sender here, the other neurons are frozen clean
+        has_neuron = torch.tensor([any(c.kind == "neuron" and c.layer == layer for c in g)
+                                   for g in chunk])
+        post = act_name("post", layer)
+        if bool(has_neuron.any()):
+            stacked = _stack(post, chunk, "neuron", layer, clean, sender_value, seq_len)
+            assert stacked is not None
+            keep = (~has_neuron).reshape(n, *[1] * clean[post].ndim)
+            hooks.append((post, _mix(keep, stacked[0], clean[post], n)))
+        # MLP output: the sender value for MLP senders, recomputed for neuron senders, else clean
+        out = act_name("mlp_out", layer)
+        stacked = _stack(out, chunk, "mlp", layer, clean, sender_value, seq_len)
+        keep = has_neuron.reshape(n, *[1] * clean[out].ndim)
+        if stacked is not None:
+            keep = keep & ~stacked[1]
+        hooks.append((out, _mix(keep if bool(has_neuron.any()) else None,
+                                stacked[0] if stacked else None, clean[out], n)))
     if scales == "frozen":
-        names = [f"blocks.{layer}.{ln}.hook_scale" for layer in range(int(model.cfg.n_layers))
-                 for ln in ("ln1", "ln2")] + ["ln_final.hook_scale"]
-        for name in names:
-            if name in cc.cache_dict:
-                hooks.append((name, _const(cc[name], n)))
+        for name in _scale_names(model):
+            if name in clean:
+                hooks.append((name, _mix(None, None, clean[name], n)))
     return hooks
 
 
-def _mix(mask: Tensor, clean: Tensor, corr: Tensor, n: int) -> HookFn:
-    """Copy i of the batch gets ``corr`` where ``mask[i]``, ``clean`` elsewhere."""
+def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, n: int) -> HookFn:
+    """Copy ``i`` gets ``stacked[i]`` (or ``clean`` when None), except where ``keep`` is True,
+    where the computed value stays."""
 
     def hook(act: Tensor, hook: Any) -> Tensor:
-        new = torch.where(mask, corr.unsqueeze(0), clean.unsqueeze(0)).reshape(act.shape)
+        if stacked is None:
+            base = clean.unsqueeze(0).expand(n, *clean.shape)
+        else:
+            base = stacked
+        if keep is None:
+            new = base.reshape(act.shape)
+        else:
+            view = act.reshape(n, -1, *act.shape[1:])
+            new = torch.where(keep, view, base).reshape(act.shape)
         return write_in_place(act, new.to(act.dtype))
-
-    return hook
-
-
-def _mix3(keep: Tensor, mask: Tensor, clean: Tensor, corr: Tensor, n: int) -> HookFn:
-    """Like :func:`_mix`, but where ``keep`` is True the computed value stays."""
-
-    def hook(act: Tensor, hook: Any) -> Tensor:
-        view = act.reshape(n, -1, *act.shape[1:])
-        base = torch.where(mask, corr.unsqueeze(0), clean.unsqueeze(0))
-        new = torch.where(keep & ~mask, view, base).reshape(act.shape)
-        return write_in_place(act, new.to(act.dtype))
-
-    return hook
-
-
-def _const(value: Tensor, n: int) -> HookFn:
-    def hook(act: Tensor, hook: Any) -> Tensor:
-        return write_in_place(act, value.repeat(n, *[1] * (value.ndim - 1)).to(act.dtype))
 
     return hook

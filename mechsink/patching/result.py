@@ -1,4 +1,7 @@
-"""PatchResult: a patching sweep's values with their labels, as a frame, a JSON and a heatmap."""
+"""PatchResult: a patching sweep's values with their labels, as a frame and a JSON.
+
+Draw one with :func:`mechsink.viz.patching.heatmap` (viz reads patching, never the reverse).
+"""
 
 from __future__ import annotations
 
@@ -87,9 +90,3 @@ class PatchResult:
             clean_value=d["clean_value"], corrupted_value=d["corrupted_value"],
             tokens=d["tokens"], meta=d["meta"],
         )
-
-    def heatmap(self, ax: Any = None) -> Any:
-        """A matplotlib figure of the values (see :func:`mechsink.patching.plot.heatmap`)."""
-        from mechsink.patching.plot import heatmap
-
-        return heatmap(self, ax=ax)

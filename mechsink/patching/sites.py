@@ -19,22 +19,22 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from mechsink.bridge import n_kv_heads
+from mechsink.bridge import act_name, n_kv_heads
 from mechsink.errors import BadInputError
 
-# kind -> hook name template ({l} = layer)
+# kind -> hook name inside a block (full names through mechsink.bridge.act_name)
 HOOKS: dict[str, str] = {
-    "resid_pre": "blocks.{l}.hook_resid_pre",
-    "resid_mid": "blocks.{l}.hook_resid_mid",
-    "resid_post": "blocks.{l}.hook_resid_post",
-    "attn_out": "blocks.{l}.hook_attn_out",
-    "mlp_out": "blocks.{l}.hook_mlp_out",
-    "z": "blocks.{l}.attn.hook_z",
-    "q": "blocks.{l}.attn.hook_q",
-    "k": "blocks.{l}.attn.hook_k",
-    "v": "blocks.{l}.attn.hook_v",
-    "pattern": "blocks.{l}.attn.hook_pattern",
-    "neuron": "blocks.{l}.mlp.hook_post",
+    "resid_pre": "hook_resid_pre",
+    "resid_mid": "hook_resid_mid",
+    "resid_post": "hook_resid_post",
+    "attn_out": "hook_attn_out",
+    "mlp_out": "hook_mlp_out",
+    "z": "attn.hook_z",
+    "q": "attn.hook_q",
+    "k": "attn.hook_k",
+    "v": "attn.hook_v",
+    "pattern": "attn.hook_pattern",
+    "neuron": "mlp.hook_post",
 }
 RESID_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
 HEAD_KINDS = ("z", "q", "k", "v")
@@ -113,7 +113,20 @@ class Site:
 
     def hook_name(self, layer: int) -> str:
         """The hook this site patches at ``layer``."""
-        return HOOKS[self.kind].format(l=layer)
+        return act_name(HOOKS[self.kind], layer)
+
+    def first_position(self, unit: tuple[int, ...]) -> int:
+        """The earliest sequence position ``unit`` patches (0 when it patches every one).
+
+        In a causal model nothing before it changes: the engine reuses that prefix.
+        """
+        idx = dict(zip(self.axes, unit, strict=True))
+        for axis in ("pos", "dest_pos"):
+            if axis in idx:
+                return int(idx[axis])
+        if self.granularity == "all_pos" and self.positions is not None:
+            return min(self._resolved["pos"])
+        return 0
 
     def resolve(self, model: Any, seq_len: int) -> Site:
         """Check every index against the model and sequence; return a site with full ranges.

@@ -1,0 +1,369 @@
+"""The patching engine shared by activation, path and attribution patching.
+
+One :class:`Setup` per call: the tokens (checked), the bound metrics and what they read
+(:class:`~mechsink.patching.metrics.Needs`), and one recorded run of each input (logits, the
+activations asked for, every layer's keys and values). :func:`run_patched` runs stacked copies
+of a residual from a layer with patch hooks and evaluates every metric on every copy.
+
+Why it is fast: a patched run equals its source run upstream of the patch, so
+
+- each patched forward starts at the patched layer from the cached residual;
+- *prefix reuse*: a patch whose earliest patched position is ``p`` recomputes only positions
+  ``p..``; attention reads the keys and values of positions ``< p`` from the recorded run
+  (causal masking leaves them unchanged), and activations the metric reads at positions
+  ``< p`` are the recorded ones;
+- many patches are stacked in the batch of one forward, as many as the memory budget allows
+  (:func:`copies_per_batch`);
+- the forward stops after the last hook the metrics read, and only the positions a logit
+  metric reads are unembedded.
+
+:data:`SPEEDUPS` switches each idea off for benchmarks/patching.py (results are identical).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechsink.bridge import (
+    PrefixKV,
+    act_name,
+    check_seq_len,
+    check_tokens,
+    hook_names,
+    n_kv_heads,
+    run_from_layer,
+    run_with_kv,
+    to_tokens,
+    unembed,
+)
+from mechsink.errors import BadInputError
+from mechsink.patching.metrics import ALL, Metric, Needs, Outputs, as_metric, check_value, layer_of
+
+TokensLike = str | Sequence[str] | Tensor
+HookFn = Callable[..., Any]
+
+#: patched tokens per forward the engine aims for (CPU matmuls are efficient from about here;
+#: tuned on a 2-core CPU, see benchmarks/patching.py)
+DEFAULT_TOKENS_PER_BATCH = 512
+
+#: bytes of activations one patched forward may hold at once (the stacked residual, one
+#: block's transient activations, the cached keys/values and the logits it unembeds). 512 MiB
+#: keeps a SmolLM2-135M sweep (model ~0.5 GiB in float32) well under 3 GB.
+DEFAULT_MEMORY_BUDGET = 512 * 2**20
+
+#: the speed ideas, switchable so benchmarks/patching.py can measure what each one buys
+SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True}
+
+
+def as_tokens(model: Any, x: TokensLike, *, prepend_bos: bool = True) -> Int[Tensor, "batch pos"]:
+    """Token ids from text (BOS prepended when ``prepend_bos``) or a checked token tensor."""
+    if isinstance(x, Tensor):
+        if x.ndim not in (1, 2):
+            raise BadInputError(f"tokens must be a tensor [batch, pos], got {x.ndim} dims.")
+        check_tokens(model, x)
+        t = x if x.ndim == 2 else x.unsqueeze(0)
+        check_seq_len(model, t.shape[1])
+        return t.to(getattr(model.cfg, "device", None) or "cpu")
+    return to_tokens(model, x, prepend_bos=prepend_bos)
+
+
+def check_pair(clean: Tensor, corrupted: Tensor) -> None:
+    """Clean and corrupted must have the same shape (same batch, same number of tokens)."""
+    if clean.shape != corrupted.shape:
+        raise BadInputError(
+            f"clean {tuple(clean.shape)} and corrupted {tuple(corrupted.shape)} token shapes "
+            "differ: patching needs prompts of the same length (pad or pick prompts that "
+            "tokenise to the same number of tokens)."
+        )
+
+
+def check_batch_size(batch_size: int | None) -> None:
+    """None (the engine picks) or a positive integer."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, int) or batch_size < 1):
+        raise BadInputError(
+            f"batch_size must be a positive integer or None (the engine picks), got "
+            f"{batch_size!r}."
+        )
+
+
+def resolve_needs(model: Any, metric: Metric, seq_len: int) -> Needs:
+    """The metric's needs with logit positions made non-negative and hook names checked."""
+    needs = metric.needs(model)
+    known = hook_names(model)
+    unknown = sorted(h for h in needs.hooks if h not in known)
+    if unknown:
+        raise BadInputError(f"the metric reads hooks this model does not have: {unknown}.")
+    if isinstance(needs.logits, tuple):
+        pos = []
+        for p in needs.logits:
+            q = p + seq_len if p < 0 else p
+            if not 0 <= q < seq_len:
+                raise BadInputError(f"the metric reads position {p}, outside 0..{seq_len - 1}.")
+            pos.append(q)
+        needs = Needs(needs.hooks, tuple(sorted(set(pos))))
+    return needs
+
+
+def final_resid(model: Any) -> str:
+    """The hook of the last block's output (what the final norm and unembedding read)."""
+    return act_name("resid_post", int(model.cfg.n_layers) - 1)
+
+
+@dataclass
+class Run:
+    """One recorded forward of an input: logits, the activations asked for, keys/values."""
+
+    tokens: Int[Tensor, "batch pos"]
+    logits: Tensor
+    acts: dict[str, Tensor]
+    kv: PrefixKV | None
+
+    @property
+    def batch(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def record(model: Any, tokens: Tensor, names: Iterable[str]) -> Run:
+    """Run ``tokens`` once, keeping ``names`` and every layer's keys/values."""
+    logits, acts, kv = run_with_kv(model, tokens, set(names))
+    return Run(tokens, logits, acts, kv)
+
+
+def outputs_of(model: Any, run: Run, needs: Needs) -> Outputs:
+    """What a metric with ``needs`` sees on the unpatched ``run``."""
+    positions = needs.logits if isinstance(needs.logits, tuple) else None
+    logits: Tensor | None = None
+    if positions is not None:
+        logits = unembed(model, run.acts[final_resid(model)][:, list(positions)])
+    elif needs.logits == ALL:
+        logits = run.logits
+    return Outputs(run.seq_len, {h: run.acts[h] for h in needs.hooks}, logits, positions)
+
+
+def outputs_on(model: Any, tokens: Tensor, needs: Needs) -> Outputs:
+    """What a metric with ``needs`` sees on an unpatched run of ``tokens`` (one forward)."""
+    return outputs_of(model, record(model, tokens, names_for(model, needs)), needs)
+
+
+def names_for(model: Any, needs: Needs) -> set[str]:
+    """The activations a run must keep so a metric with ``needs`` can be read from it."""
+    names = set(needs.hooks)
+    if isinstance(needs.logits, tuple):
+        names.add(final_resid(model))
+    return names
+
+
+@dataclass
+class Setup:
+    """What every patching call builds once: tokens, bound metrics, their needs, baselines."""
+
+    model: Any
+    clean: Run
+    corrupted: Run | None
+    metrics: tuple[Metric, ...]
+    needs: Needs
+    clean_values: tuple[Tensor, ...]
+    corrupted_values: tuple[Tensor | None, ...]
+
+    @property
+    def batch(self) -> int:
+        return self.clean.batch
+
+    @property
+    def seq_len(self) -> int:
+        return self.clean.seq_len
+
+
+def prepare_metrics(
+    model: Any, metrics: Metric | Callable[..., Any] | Sequence[Any], seq_len: int
+) -> tuple[tuple[Metric, ...], Needs]:
+    """Metrics (one or several) as :class:`Metric` objects, and the union of their needs."""
+    many = isinstance(metrics, (list, tuple))
+    items = list(metrics) if many else [metrics]  # type: ignore[arg-type]
+    if not items:
+        raise BadInputError("no metric given.")
+    ms = tuple(as_metric(m) for m in items)
+    needs = Needs()
+    for m in ms:
+        needs = needs | resolve_needs(model, m, seq_len)
+    return ms, needs
+
+
+def setup(
+    model: Any,
+    clean: TokensLike,
+    corrupted: TokensLike | None,
+    metrics: Metric | Callable[..., Any] | Sequence[Any],
+    *,
+    prepend_bos: bool = True,
+    keep: dict[str, set[str]] | None = None,
+) -> Setup:
+    """Check the inputs, record the clean (and corrupted) run, bind the metrics to the clean
+    run and evaluate them on both. ``keep`` names extra activations to record per input
+    (``{"clean": {...}, "corrupted": {...}}``)."""
+    clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
+    corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
+    if corr_t is not None:
+        check_pair(clean_t, corr_t)
+    ms, needs = prepare_metrics(model, metrics, clean_t.shape[1])
+    keep = keep or {}
+    base = names_for(model, needs)
+    with torch.no_grad():
+        clean_run = record(model, clean_t, base | keep.get("clean", set()))
+        clean_out = outputs_of(model, clean_run, needs)
+        ms = tuple(m.bind(clean_out) for m in ms)
+        clean_values = tuple(check_value(m(clean_out), "on the clean run", m) for m in ms)
+        corr_run, corr_values = None, tuple(None for _ in ms)
+        if corr_t is not None:
+            corr_run = record(model, corr_t, base | keep.get("corrupted", set()))
+            corr_out = outputs_of(model, corr_run, needs)
+            corr_values = tuple(check_value(m(corr_out), "on the corrupted run", m) for m in ms)
+    return Setup(model, clean_run, corr_run, ms, needs, clean_values, corr_values)
+
+
+def _position_axis(name: str) -> int:
+    """Where a hook's activation holds positions (queries for attention patterns/scores)."""
+    return 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+
+
+def _repeat(t: Tensor, n: int) -> Tensor:
+    return t if n == 1 else t.repeat(n, *[1] * (t.ndim - 1))
+
+
+def run_patched(
+    model: Any,
+    base: Run,
+    metrics: Sequence[Metric],
+    needs: Needs,
+    resid: Float[Tensor, "rows pos d_model"],
+    start: int,
+    n: int,
+    hooks: Sequence[tuple[str, HookFn]],
+    *,
+    first: int = 0,
+    stacked: bool = False,
+    context: str = "",
+) -> list[list[Tensor]]:
+    """Run ``n`` stacked copies of ``resid`` (the residual entering block ``start``) with
+    ``hooks``; return ``values[metric][copy]``.
+
+    ``base`` is the unpatched run the copies equal upstream of the patch: hooks the metrics
+    read before ``start`` come from it, and with ``first = p > 0`` (every patch at positions
+    ``>= p``) only positions ``p..`` are computed; positions ``< p`` come from ``base``
+    (activations and keys/values). Patch hooks then see positions ``p..`` only. ``resid`` is
+    one copy (repeated here) or, with ``stacked``, already ``n`` copies (copy-major).
+    """
+    b0, seq_len = base.batch, base.seq_len
+    p = first if (first > 0 and base.kv is not None and SPEEDUPS["prefix_reuse"]) else 0
+    final = final_resid(model)
+    captured: dict[str, Tensor] = {}
+
+    def capture_as(name: str) -> HookFn:  # keyed by the name asked for (hooks have aliases)
+        def capture(act: Tensor, hook: Any) -> None:
+            captured[name] = act
+
+        return capture
+
+    before = {h for h in needs.hooks if (layer_of(h) if layer_of(h) is not None else -1) < start}
+    wanted = set(needs.hooks) - before
+    positions = needs.logits if isinstance(needs.logits, tuple) else None
+    if positions is not None and max(positions) >= p:
+        wanted.add(final)
+    rows = resid if stacked else _repeat(resid, n)
+    logits = None
+    if needs.logits == ALL or wanted:
+        early = needs.logits != ALL and SPEEDUPS["early_stop"]
+        logits = run_from_layer(
+            model, rows[:, p:], start,
+            fwd_hooks=list(hooks) + [(h, capture_as(h)) for h in sorted(wanted)],
+            stop_after=tuple(sorted(wanted)) if early else (),
+            prefix=(base.kv, p) if p and base.kv is not None else None,  # type: ignore[arg-type]
+        )
+    acts: dict[str, Tensor] = {}
+    for h in needs.hooks:
+        if h in before or p == 0:
+            acts[h] = _repeat(base.acts[h], n) if h in before else captured[h]
+        else:
+            axis = _position_axis(h)
+            acts[h] = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), n), captured[h]], axis)
+    if positions is not None:
+        cols = [captured[final][:, q - p] if q >= p else _repeat(base.acts[final][:, q], n)
+                for q in positions]
+        logits = unembed(model, torch.stack(cols, 1))
+    elif needs.logits == ALL and p:
+        logits = torch.cat([_repeat(base.logits[:, :p], n), logits], 1)  # type: ignore[list-item]
+    values: list[list[Tensor]] = [[] for _ in metrics]
+    for i in range(n):
+        sel = slice(i * b0, (i + 1) * b0)
+        out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
+                      None if logits is None or needs.logits is None else logits[sel], positions)
+        for j, metric in enumerate(metrics):
+            values[j].append(check_value(metric(out), f"{context} (patch {i})", metric))
+    return values
+
+
+def bytes_per_copy(model: Any, batch: int, seq_len: int, first: int, logit_positions: int) -> int:
+    """Peak activation bytes one stacked copy adds to a patched forward from ``first`` on.
+
+    Counts the copy's residual, one block's transient activations (queries/keys/values,
+    attention scores and pattern, MLP hidden), every layer's keys/values over the whole
+    sequence (the prefix cache grows to it) and the logits unembedded (``logit_positions``
+    per row; -1 = all suffix positions).
+    """
+    cfg = model.cfg
+    elt = torch.tensor([], dtype=getattr(cfg, "dtype", torch.float32)).element_size()
+    n_heads, d_head, d_model = int(cfg.n_heads), int(cfg.d_head), int(cfg.d_model)
+    d_mlp, n_layers, vocab = int(cfg.d_mlp or 4 * d_model), int(cfg.n_layers), int(cfg.d_vocab)
+    suffix = seq_len - first
+    per_token = 8 * d_model + 4 * n_heads * d_head + 2 * n_heads * seq_len + 3 * d_mlp
+    kv = 2 * n_layers * n_kv_heads(model) * d_head * seq_len
+    logits = vocab * (suffix if logit_positions < 0 else logit_positions)
+    return batch * elt * (suffix * per_token + kv + logits)
+
+
+def copies_per_batch(
+    model: Any,
+    batch: int,
+    seq_len: int,
+    first: int,
+    logit_positions: int,
+    *,
+    memory_budget: int | None = None,
+    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
+) -> int:
+    """How many patches to stack in one forward: about ``tokens_per_batch`` patched tokens,
+    never more than ``memory_budget`` bytes of activations (at least one patch)."""
+    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget
+    suffix = max(1, seq_len - first)
+    by_tokens = max(1, tokens_per_batch // (batch * suffix))
+    by_memory = budget // max(1, bytes_per_copy(model, batch, seq_len, first, logit_positions))
+    return max(1, min(by_tokens, by_memory))
+
+
+def fill(
+    shape: tuple[int, ...], index: dict[tuple[int, ...], tuple[int, ...]],
+    values: dict[tuple[int, ...], Tensor],
+) -> Tensor:
+    """The result grid: ``values[unit]`` at ``index[unit]`` (float64)."""
+    out = torch.empty(shape, dtype=torch.float64)
+    for unit, cell in index.items():
+        out[cell] = values[unit]
+    return out
+
+
+def progress(total: int, desc: str) -> Any:
+    """A progress bar for a sweep (tqdm): shown after 2 s, only on a terminal."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=None, delay=2.0, leave=False, unit="patch")
