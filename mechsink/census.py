@@ -4,7 +4,7 @@
 forward per chunk, caching only the hooks the measurements read; each measurement is a pure
 function of that cache (:mod:`mechsink.measure`) and the per-chunk results are merged exactly.
 :func:`write_census` writes ``census.json`` atomically; its schema is documented in
-``docs/census-schema.md`` (``schema: "mechsink-census/1"``).
+``docs/census-schema.md`` (``schema: "mechsink-census/2"``).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ from mechsink.prompts import (
     make_prompts,
 )
 
-SCHEMA = "mechsink-census/1"
+SCHEMA = "mechsink-census/2"  # /2: super_neuron_sets (complete super-neuron sets)
+READABLE_SCHEMAS = ("mechsink-census/1", SCHEMA)
 CENSUS_FILE = "census.json"
 DEFAULT_BATCH_SIZE = 8
 EXAMPLE_HEADS = 4  # strongest sink heads whose pattern (sequence 0) is kept for the report
@@ -78,6 +79,7 @@ class RunCensus:
     sinks: sinks.SinkScores
     massive: massive.MassiveReport
     mlp: super_neurons.MlpSpikes
+    super_sets: super_neurons.SuperNeuronSets
     norm_ratio: norms.PerSequence
     value_drain: norms.PerSequence
     heads: norms.HeadNorms
@@ -91,8 +93,8 @@ class RunCensus:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.prompts}
-        for part in (self.sinks, self.massive, self.mlp, self.norm_ratio, self.value_drain,
-                     self.heads, self.keys, self.variance):
+        for part in (self.sinks, self.massive, self.mlp, self.super_sets, self.norm_ratio,
+                     self.value_drain, self.heads, self.keys, self.variance):
             out.update(part.to_dict())
         out["attention_example"] = self.example.to_dict()
         return out
@@ -144,6 +146,7 @@ def measure_cache(
         "sinks": sinks.sink_scores(cache, key_pos, eps),
         "massive": massive.massive_activations(cache),
         "mlp": super_neurons.mlp_spikes(cache, w_out),
+        "super_sets": super_neurons.super_neuron_sets(cache, w_out),
         "norm_ratio": norms.first_token_norm_ratio(cache),
         "value_drain": norms.value_drain(cache),
         "heads": norms.head_output_norms(cache, w_o),
@@ -290,8 +293,9 @@ def read_census(path: str | Path) -> dict[str, Any]:
     if p.is_dir():
         p = p / CENSUS_FILE
     data = json.loads(p.read_text(encoding="utf-8"))
-    if data.get("schema") != SCHEMA:
-        raise BadInputError(f"{p} has schema {data.get('schema')!r}; this mechsink reads {SCHEMA}.")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise BadInputError(f"{p} has schema {data.get('schema')!r}; this mechsink "
+                            f"reads {', '.join(READABLE_SCHEMAS)}.")
     return data
 
 

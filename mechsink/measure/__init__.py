@@ -20,7 +20,13 @@ from mechsink.measure.norms import (
     value_drain,
 )
 from mechsink.measure.sinks import SinkScores, sink_rate, sink_score, sink_scores
-from mechsink.measure.super_neurons import MlpSpikes, mlp_spikes
+from mechsink.measure.super_neurons import (
+    MlpSpikes,
+    SuperNeuronSet,
+    SuperNeuronSets,
+    mlp_spikes,
+    super_neuron_sets,
+)
 from mechsink.measure.variance import VarianceStats, variance_stats
 
 __all__ = [
@@ -31,6 +37,8 @@ __all__ = [
     "MlpSpikes",
     "PerSequence",
     "SinkScores",
+    "SuperNeuronSet",
+    "SuperNeuronSets",
     "VarianceStats",
     "find_massive",
     "first_token_norm_ratio",
@@ -41,6 +49,7 @@ __all__ = [
     "sink_rate",
     "sink_score",
     "sink_scores",
+    "super_neuron_sets",
     "value_drain",
     "variance_stats",
 ]

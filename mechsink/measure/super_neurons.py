@@ -6,6 +6,12 @@ Per layer and sequence we take the largest ``|input|`` of the MLP down projectio
 threshold (50) at the same position holds a super neuron; the super weight
 ``W_out[neuron, channel]`` joins the input spike to the output spike, and
 ``activation * W_out[neuron, channel]`` is what that one weight writes into the spiking channel.
+
+Yu et al.'s detection is iterative (remove the largest spike, detect again), so a layer can hold
+several super neurons. :func:`super_neuron_sets` lists every neuron that meets the criterion and,
+per layer and spiking channel at position 0, the *complete set*: the fewest neurons, ranked by
+contribution, whose writes explain at least 95% of the MLP's write into that channel. An
+intervention on one neuron of a several-neuron set leaves the channel standing.
 """
 
 from __future__ import annotations
@@ -131,3 +137,167 @@ def mlp_spikes(
     weight = w[layers, in_neuron, out_channel]
     return MlpSpikes(float(threshold), in_value.cpu(), in_neuron.cpu(), in_pos.cpu(),
                      out_value.cpu(), out_channel.cpu(), out_pos.cpu(), weight.cpu())
+
+
+# --- complete sets: every spiking neuron, and the neurons that make up a channel's write -------
+
+COVERAGE = 0.95  # a complete set explains at least this share of the MLP's write at position 0
+
+
+@dataclass(frozen=True)
+class SpikingNeuron:
+    """One down-projection input spike ``|post| > threshold`` at a position where the MLP output
+    also spikes, with the spiking channel it writes most (``contribution = activation x
+    W_out[neuron, channel]``). Means over the ``count`` sequences in which it spiked there."""
+
+    layer: int
+    neuron: int
+    channel: int
+    position: int
+    activation: float
+    contribution: float
+    count: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "neuron": self.neuron, "channel": self.channel,
+                "position": self.position, "activation": rounded(self.activation),
+                "contribution": rounded(self.contribution), "count": self.count}
+
+
+@dataclass(frozen=True)
+class SuperNeuronSet:
+    """The ranked neurons whose position-0 contributions to ``channel`` together explain at
+    least ``coverage`` of MLP ``layer``'s write there (means over sequences).
+
+    ``write``: mean ``hook_mlp_out[layer, 0, channel]`` (bias included); ``neurons``:
+    ``(neuron, mean contribution)`` best first; ``explained``: their sum over ``write``;
+    ``explained_min``: the smallest per-sequence share the same set explains; ``complete``:
+    whether ``explained`` reached ``coverage``.
+    """
+
+    layer: int
+    channel: int
+    write: float
+    neurons: tuple[tuple[int, float], ...]
+    explained: float
+    explained_min: float
+    coverage: float
+    complete: bool
+
+    @property
+    def units(self) -> list[int]:
+        return [n for n, _ in self.neurons]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.layer, "channel": self.channel, "write": rounded(self.write),
+                "neurons": [{"neuron": n, "contribution": rounded(c),
+                             "share": rounded(c / self.write if self.write else float("nan"))}
+                            for n, c in self.neurons],
+                "size": len(self.neurons), "explained": rounded(self.explained),
+                "explained_min": rounded(self.explained_min), "coverage": self.coverage,
+                "complete": self.complete}
+
+
+def _complete_set(
+    post0: Float[Tensor, "batch d_mlp"], out0: Float[Tensor, " batch"],
+    w: Float[Tensor, " d_mlp"], coverage: float, layer: int, channel: int,
+) -> SuperNeuronSet:
+    """Rank neurons by mean contribution in the direction of the mean write; take the fewest
+    whose sum reaches ``coverage`` of it."""
+    contrib = post0.double() * w.double()[None]  # [batch, d_mlp]
+    mean_c = contrib.mean(0)
+    write = float(out0.double().mean())
+    sign = 1.0 if write >= 0 else -1.0
+    order = torch.argsort(sign * mean_c, descending=True, stable=True)
+    cum = torch.cumsum(sign * mean_c[order], 0)
+    target = coverage * abs(write)
+    reached = torch.nonzero(cum >= target)
+    complete = bool(len(reached)) and abs(write) > 0
+    k = int(reached[0]) + 1 if complete else int((sign * mean_c > 0).sum())
+    chosen = order[:k]
+    explained = float(mean_c[chosen].sum() / write) if write else float("nan")
+    per_seq = contrib[:, chosen].sum(1) / out0.double()
+    return SuperNeuronSet(layer, channel, write,
+                          tuple((int(n), float(mean_c[n])) for n in chosen),
+                          explained, float(per_seq.min()), coverage, complete)
+
+
+@dataclass(frozen=True)
+class SuperNeuronSets:
+    """What the complete-set analysis reads: every layer's down-projection input and MLP output
+    at position 0 per sequence, and every spike anywhere (Yu et al.'s criterion, all neurons)."""
+
+    threshold: float
+    coverage: float
+    post0: Float[Tensor, "batch layer d_mlp"]
+    out0: Float[Tensor, "batch layer d_model"]
+    w_out: Float[Tensor, "layer d_mlp d_model"]
+    # (layer, neuron, channel, position, activation, contribution) per spike
+    spikes: tuple[tuple[int, int, int, int, float, float], ...]
+
+    @classmethod
+    def merge(cls, parts: Sequence[SuperNeuronSets]) -> SuperNeuronSets:
+        first = parts[0]
+        return cls(first.threshold, first.coverage, torch.cat([p.post0 for p in parts]),
+                   torch.cat([p.out0 for p in parts]), first.w_out,
+                   tuple(s for p in parts for s in p.spikes))
+
+    def spiking_neurons(self) -> list[SpikingNeuron]:
+        """Every neuron that met the spike criterion, grouped by (layer, neuron, channel)."""
+        groups: dict[tuple[int, int, int], list[tuple[int, float, float]]] = {}
+        for layer, neuron, channel, pos, act, contrib in self.spikes:
+            groups.setdefault((layer, neuron, channel), []).append((pos, act, contrib))
+        out = []
+        for (layer, neuron, channel), rows in groups.items():
+            positions = [r[0] for r in rows]
+            out.append(SpikingNeuron(layer, neuron, channel,
+                                     max(set(positions), key=positions.count),
+                                     sum(r[1] for r in rows) / len(rows),
+                                     sum(r[2] for r in rows) / len(rows), len(rows)))
+        return sorted(out, key=lambda s: (s.layer, -abs(s.contribution), s.neuron))
+
+    def channels(self) -> list[tuple[int, int]]:
+        """(layer, channel) pairs whose mean MLP output at position 0 exceeds the threshold."""
+        mean = self.out0.double().mean(0)
+        return [(int(lay), int(c)) for lay, c in torch.nonzero(mean.abs() > self.threshold)]
+
+    def sets(self) -> list[SuperNeuronSet]:
+        """The complete set of every (layer, channel) the MLP writes a spike into at position 0."""
+        return [_complete_set(self.post0[:, layer], self.out0[:, layer, channel],
+                              self.w_out[layer, :, channel].to(self.post0.device), self.coverage,
+                              layer, channel)
+                for layer, channel in self.channels()]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"super_neuron_sets": {
+            "criterion": {"spike_threshold": self.threshold, "coverage": self.coverage,
+                          "position": 0, "input_hook": HOOKS[0], "output_hook": HOOKS[1]},
+            "spiking_neurons": [s.to_dict() for s in self.spiking_neurons()],
+            "sets": [s.to_dict() for s in self.sets()]}}
+
+
+def super_neuron_sets(
+    cache: CacheLike,
+    w_out: Float[Tensor, "layer d_mlp d_model"],
+    threshold: float = SPIKE_THRESHOLD,
+    coverage: float = COVERAGE,
+) -> SuperNeuronSets:
+    """Complete super-neuron sets (Yu et al. 2024, detection of *every* spike, not only the
+    largest): each neuron with ``|post| > threshold`` at a position where some output channel
+    has ``|mlp_out| > threshold``, and, at position 0, the inputs and outputs the ranked sets
+    are built from (after merging chunks)."""
+    post = stacked(cache, HOOKS[0]).float()  # [layer, batch, pos, d_mlp]
+    out = stacked(cache, HOOKS[1]).float()  # [layer, batch, pos, d_model]
+    w = w_out.detach().to(post.device, torch.float32)
+    spikes = []
+    out_spiking = out.abs() > threshold  # [layer, batch, pos, d_model]
+    hits = torch.nonzero((post.abs() > threshold) & out_spiking.any(-1, keepdim=True))
+    for layer, b, pos, neuron in hits.tolist():
+        act = float(post[layer, b, pos, neuron])
+        chans = torch.nonzero(out_spiking[layer, b, pos])[:, 0]
+        contrib = act * w[layer, neuron, chans]
+        best = int(contrib.abs().argmax())
+        spikes.append((layer, neuron, int(chans[best]), pos, act, float(contrib[best])))
+    return SuperNeuronSets(float(threshold), float(coverage),
+                           post[:, :, 0].transpose(0, 1).cpu(), out[:, :, 0].transpose(0, 1).cpu(),
+                           w.cpu(), tuple(spikes))

@@ -1,0 +1,73 @@
+"""Complete super-neuron sets: hand-built caches with planted writers, checked against sums done
+by hand (numpy), and the census field on a tiny model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from mechsink.measure import SuperNeuronSets, super_neuron_sets
+
+
+def _as_cache(suffix: str, stacked: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {f"blocks.{layer}.{suffix}": stacked[layer] for layer in range(stacked.shape[0])}
+
+
+def _planted(batch: int = 3):
+    """Layer 1 writes channel 5 at position 0 through neurons 7 (60%), 2 (30%) and 11 (9%),
+    plus small noise from every other neuron; layer 0 writes nothing large."""
+    gen = torch.Generator().manual_seed(0)
+    n_layer, n_pos, d_mlp, d_model = 2, 4, 16, 8
+    post = (torch.rand(n_layer, batch, n_pos, d_mlp, generator=gen) - 0.5) * 0.1
+    w_out = torch.randn(n_layer, d_mlp, d_model, generator=gen) * 0.01
+    w_out[1, [7, 2, 11], 5] = 1.0
+    post[1, :, 0, 7] = 600.0
+    post[1, :, 0, 2] = 300.0
+    post[1, :, 0, 11] = 90.0
+    out = torch.einsum("lbpn,lnd->lbpd", post, w_out)
+    cache = {**_as_cache("mlp.hook_post", post), **_as_cache("hook_mlp_out", out)}
+    return cache, post, out, w_out
+
+
+def test_complete_set_is_the_planted_set_in_rank_order():
+    cache, post, out, w_out = _planted()
+    found = super_neuron_sets(cache, w_out)
+    sets = found.sets()
+    assert [(s.layer, s.channel) for s in sets] == [(1, 5)]
+    s = sets[0]
+    assert s.units == [7, 2, 11]  # 60% + 30% < 95%, the third one is needed
+    assert s.complete
+    # by hand: the MLP's mean write at position 0 and each neuron's share
+    write = (post[1, :, 0].double().numpy() @ w_out[1, :, 5].double().numpy()).mean()
+    assert s.write == pytest.approx(write, rel=1e-5)
+    np.testing.assert_allclose([c for _, c in s.neurons], [600.0, 300.0, 90.0], rtol=1e-4)
+    assert s.explained == pytest.approx(990.0 / write, rel=1e-4)
+    # every neuron that spikes (|post| > 50 where the output spikes) is listed, not only the top
+    spiking = {(n.layer, n.neuron, n.channel, n.position) for n in found.spiking_neurons()}
+    assert spiking == {(1, 7, 5, 0), (1, 2, 5, 0), (1, 11, 5, 0)}
+
+
+def test_coverage_decides_the_size_and_merge_is_exact():
+    cache, _, _, w_out = _planted(batch=4)
+    assert super_neuron_sets(cache, w_out, coverage=0.5).sets()[0].units == [7]
+    assert super_neuron_sets(cache, w_out, coverage=0.85).sets()[0].units == [7, 2]
+    halves = [super_neuron_sets({k: v[a:b] for k, v in cache.items()}, w_out)
+              for a, b in ((0, 1), (1, 4))]
+    merged = SuperNeuronSets.merge(halves).to_dict()
+    assert merged == super_neuron_sets(cache, w_out).to_dict()
+
+
+def test_census_lists_super_neuron_sets(llama_tiny):
+    from mechsink.census import SCHEMA, census
+
+    c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8)
+    data = c.to_dict()
+    assert data["schema"] == SCHEMA == "mechsink-census/2"
+    block = data["runs"][0]["super_neuron_sets"]
+    assert block["criterion"]["coverage"] == 0.95
+    # a random tiny model writes no spike: both lists exist and are empty, as measured
+    run = c.runs[0]
+    expected = [(lay, ch) for lay, ch in torch.nonzero(
+        run.super_sets.out0.double().mean(0).abs() > 50).tolist()]
+    assert [(s["layer"], s["channel"]) for s in block["sets"]] == expected
