@@ -60,6 +60,7 @@ __all__ = [
     "down_projection",
     "head_output_weights",
     "write_in_place",
+    "query_bias",
     "norm_params",
     "PrefixKV",
     "supports_prefix_reuse",
@@ -360,11 +361,20 @@ def _only_blocks_from(model: Any, start: int) -> Iterator[None]:
         return
     parent, attr = found
     full = getattr(parent, attr)
+    # models that mix layer kinds (Gemma's sliding-window and global layers) pick each layer's
+    # mask and rotary embedding by its index in the list: shift the kinds along with it
+    config = getattr(parent, "config", None)
+    kinds = getattr(config, "layer_types", None)
+    shift_kinds = isinstance(kinds, list) and len(kinds) == len(full)
     setattr(parent, attr, nn.ModuleList(list(full)[start:]))
+    if shift_kinds:
+        config.layer_types = kinds[start:]
     try:
         yield
     finally:
         setattr(parent, attr, full)
+        if shift_kinds:
+            config.layer_types = kinds
 
 
 def run_from_layer(
@@ -450,6 +460,16 @@ def head_output_weights(model: Any) -> Tensor:
     except (AttributeError, RuntimeError) as exc:
         raise BadInputError(f"this model exposes no attention output weights (W_O): {exc}") from exc
     return weight.detach()
+
+
+def query_bias(model: Any, layer: int) -> Tensor | None:
+    """The learned query bias ``b_Q`` of a block, ``[head, d_head]`` (detached), or None when
+    the model's query projection has no bias (Llama, Gemma, SmolLM2)."""
+    try:
+        b_q = model.b_Q
+    except (AttributeError, RuntimeError):
+        return None
+    return None if b_q is None else b_q[layer].detach()
 
 
 def write_in_place(act: Tensor, new: Tensor) -> Tensor:

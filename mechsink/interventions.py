@@ -5,11 +5,16 @@ description. :func:`applied` installs a list of them for the duration of a ``wit
 always removes them afterwards, also when the block raises. Builders here cover the edits the
 sink papers make:
 
-- :func:`ablate`: zero, mean or scale ablation of heads, neurons, channels, positions;
+- :func:`ablate`: the ablations of :mod:`mechsink.ablation` (zero, batch_mean, position_mean,
+  resample; the same vocabulary as patching), scaling or setting, of heads, neurons, channels
+  and positions;
 - :func:`attend_only_to_self`: make query position ``k`` attend only to itself (a second
-  "position 0"; seeds/002);
+  "position 0"; Gu et al. 2024, "When Attention Sink Emerges in Language Models");
 - :func:`scale_tokens`: multiply chosen tokens' residual stream by a factor (norm/variance);
-- :func:`remove_query_bias` and :func:`rotate_keys`: the GPT-2 query-bias ablations (seeds/001b).
+- :func:`remove_query_bias` and :func:`rotate_keys`: the GPT-2 query-bias ablations.
+
+An intervention that reads positions records the largest one (``max_position``), and
+:func:`applied` checks the sequence against it as the input is embedded, before any block runs.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechsink.ablation import KINDS, as_ablation
+from mechsink.bridge import act_name, has_hook, n_kv_heads, query_bias
 from mechsink.errors import BadInputError
 
 HookFn = Callable[[Tensor, Any], Tensor]
@@ -36,17 +43,44 @@ _UNIT_AXIS = {
 
 @dataclass(frozen=True)
 class Intervention:
-    """One hook-level edit: where, what, and a line saying so."""
+    """One hook-level edit: where, what, a line saying so, and the largest sequence position
+    it touches (None: any length works)."""
 
     hook: str
     fn: HookFn
     description: str
+    max_position: int | None = None
+
+
+def _length_check(interventions: Sequence[Intervention]) -> HookFn | None:
+    """A hook on the embedding that rejects a sequence too short for some intervention."""
+    needing = [i for i in interventions if i.max_position is not None]
+    if not needing:
+        return None
+
+    def check(act: Tensor, hook: Any) -> None:
+        n_pos = act.shape[1]
+        for i in needing:
+            if i.max_position is not None and i.max_position >= n_pos:
+                raise BadInputError(
+                    f"{i.description}: position {i.max_position} is beyond the sequence "
+                    f"({n_pos} tokens, positions 0..{n_pos - 1}); use a longer input or "
+                    "other positions."
+                )
+
+    return check
 
 
 @contextmanager
 def applied(model: Any, interventions: Sequence[Intervention]) -> Iterator[Any]:
-    """Run the block with the interventions installed; they are removed however it ends."""
+    """Run the block with the interventions installed; they are removed however it ends.
+
+    A sequence shorter than an intervention's positions is an error as soon as it is
+    embedded (before any block runs)."""
     hooks = [(i.hook, i.fn) for i in interventions]
+    check = _length_check(interventions)
+    if check is not None and has_hook(model, "hook_embed"):
+        hooks.insert(0, ("hook_embed", check))
     with model.hooks(fwd_hooks=hooks):
         yield model
 
@@ -60,13 +94,14 @@ def _check_layer(model: Any, layer: int) -> None:
 
 def _n_units(model: Any, site: str) -> int:
     """How many heads / neurons / channels ``site`` has (KV heads for k and v)."""
-    from mechsink.bridge import n_kv_heads
-
     if site in ("attn.hook_k", "attn.hook_v"):
         return n_kv_heads(model)
     if site.startswith("attn."):
         return int(model.cfg.n_heads)
     return int(model.cfg.d_mlp if site == "mlp.hook_post" else model.cfg.d_model)
+
+
+MODES = (*KINDS, "mean", "scale", "set")
 
 
 def ablate(
@@ -79,49 +114,63 @@ def ablate(
     value: float = 0.0,
     units: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
+    seed: int = 0,
 ) -> Intervention:
-    """Zero, mean, scale or set ablation at ``blocks.{layer}.{site}``.
+    """Ablate, scale or set entries of ``blocks.{layer}.{site}``.
 
     ``units`` picks heads (attention sites; KV heads for k and v), neurons (``mlp.hook_post``)
-    or channels (residual and output sites); ``positions`` picks sequence positions. ``mean``
-    replaces the chosen entries by their mean over the sequence's unchosen positions (a
-    within-sequence mean: no reference data set needed); ``scale`` multiplies them by ``scale``;
-    ``set`` writes ``value`` there (e.g. plant a massive channel at another position).
+    or channels (residual and output sites); ``positions`` picks sequence positions (None:
+    all). ``mode`` is one of :mod:`mechsink.ablation`'s kinds, computed on the run's own
+    activations: ``zero``; ``batch_mean`` (the mean over the run's batch at each position);
+    ``position_mean`` (the mean over the sequence's unchosen positions; ``"mean"`` is the same);
+    ``resample`` (whole sequences of the run's batch drawn with ``seed``). Or ``scale``
+    (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a massive channel).
     """
     if site not in _UNIT_AXIS:
         raise BadInputError(f"unknown site {site!r}: choose one of {', '.join(_UNIT_AXIS)}.")
-    if mode not in ("zero", "mean", "scale", "set"):
-        raise BadInputError(f"unknown ablation mode {mode!r}: use zero, mean, scale or set.")
+    if mode not in MODES:
+        raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}.")
     _check_layer(model, layer)
     n_units = _n_units(model, site)
     if units is not None and not all(0 <= u < n_units for u in units):
         raise BadInputError(f"{_UNIT_AXIS[site]} index out of range in {list(units)}: "
                             f"blocks.{layer}.{site} has {n_units}.")
-    if mode == "mean" and positions is None:
-        raise BadInputError("a mean ablation needs positions= (the mean is over the others).")
+    if positions is not None and (not positions or min(positions) < 0):
+        raise BadInputError(f"positions must be non-negative and not empty, got "
+                            f"{list(positions)}.")
+    abl = as_ablation(mode, mean="position_mean", seed=seed) if mode in (*KINDS, "mean") else None
+    if abl is not None and abl.kind == "position_mean" and positions is None:
+        raise BadInputError("a position_mean ablation needs positions= (the mean is over the "
+                            "others).")
 
     def fn(act: Tensor, hook: Any) -> Tensor:
         n_pos = act.shape[1]
+        if positions is not None and max(positions) >= n_pos:
+            raise BadInputError(f"position {max(positions)} is beyond the sequence "
+                                f"({n_pos} tokens).")
         on_pos = torch.zeros(n_pos, dtype=torch.bool, device=act.device)
         on_pos[slice(None) if positions is None else list(positions)] = True
         on_unit = torch.zeros(n_units, dtype=torch.bool, device=act.device)
         on_unit[slice(None) if units is None else list(units)] = True
         chosen = (on_pos[:, None] & on_unit[None, :]).reshape(
             1, n_pos, n_units, *([1] * (act.dim() - 3)))
-        if mode in ("zero", "set"):
-            replacement = torch.full_like(act, value if mode == "set" else 0.0)
+        if mode == "set":
+            replacement = torch.full_like(act, value)
         elif mode == "scale":
             replacement = act * scale
         else:
-            replacement = act[:, ~on_pos].mean(dim=1, keepdim=True).expand_as(act)
+            assert abl is not None
+            replacement = abl.values(act, on_pos)
         return torch.where(chosen, replacement, act)
 
-    what = f"{mode} ablation" + (f" x{scale}" if mode == "scale" else "") + (
+    name = str(abl) if abl is not None else mode
+    what = f"{name} ablation" + (f" x{scale}" if mode == "scale" else "") + (
         f" to {value}" if mode == "set" else "")
-    where = f"{_UNIT_AXIS[site]}s {list(units)}" if units is not None else "all units"
+    which = f"{_UNIT_AXIS[site]}s {list(units)}" if units is not None else "all units"
     pos = list(positions) if positions is not None else "all"
-    return Intervention(f"blocks.{layer}.{site}", fn,
-                        f"{what} of {where} at positions {pos}, blocks.{layer}.{site}")
+    hook = act_name(site, layer)
+    return Intervention(hook, fn, f"{what} of {which} at positions {pos}, {hook}",
+                        None if positions is None else max(positions))
 
 
 def attend_only_to_self(
@@ -146,8 +195,9 @@ def attend_only_to_self(
             edited[:, h, key_pos, key_pos] = 1.0
             return edited
 
-        out.append(Intervention(f"blocks.{layer}.attn.hook_pattern", fn,
-                                f"layer {layer}: query {key_pos} attends only to itself"))
+        out.append(Intervention(act_name("pattern", layer), fn,
+                                f"layer {layer}: query {key_pos} attends only to itself",
+                                key_pos))
     return out
 
 
@@ -159,12 +209,17 @@ def scale_tokens(model: Any, layer: int, positions: Sequence[int], factor: float
 def remove_query_bias(model: Any, layer: int) -> Intervention:
     """Subtract ``b_Q`` from every query of ``layer`` (its attention then has no query bias)."""
     _check_layer(model, layer)
-    b_q = model.b_Q[layer].detach()
+    b_q = query_bias(model, layer)
+    if b_q is None:
+        raise BadInputError(
+            "this model's attention has no query bias (its query projection is bias-free), "
+            "so there is nothing to remove; the query-bias circuit is a GPT-2-style feature."
+        )
 
     def fn(q: Tensor, hook: Any) -> Tensor:
         return q - b_q.to(q.dtype)
 
-    return Intervention(f"blocks.{layer}.attn.hook_q", fn, f"layer {layer}: query bias removed")
+    return Intervention(act_name("attn.hook_q", layer), fn, f"layer {layer}: query bias removed")
 
 
 def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
@@ -183,7 +238,7 @@ def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
         bias = 0.0 if b_k is None else b_k.to(k.dtype)
         return torch.einsum("bphe,hef->bphf", k - bias, rot.to(k.dtype)) + bias
 
-    return Intervention(f"blocks.{layer}.attn.hook_k", fn,
+    return Intervention(act_name("attn.hook_k", layer), fn,
                         f"layer {layer}: W_K rotated by a random orthogonal matrix (seed {seed})")
 
 
