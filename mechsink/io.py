@@ -1,16 +1,22 @@
-"""Atomic writes: a file or folder appears whole under its final name, or not at all.
+"""Atomic writes, writable-folder probes and one-writer-per-folder locks.
 
 Every file mechsink writes goes through here: the data is written to a temporary name in the
 target's folder and renamed into place (``os.replace``), so a crash or a kill never leaves a
-half-written result where a reader would take it for a whole one.
+half-written result where a reader would take it for a whole one. :func:`check_writable`
+finds an unusable output folder before any work, and :func:`folder_lock` keeps a second
+process from writing the same folder at the same time.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
+import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +25,10 @@ from typing import IO, Any
 from mechsink.errors import BadInputError
 
 __all__ = [
+    "LOCK_FILE",
+    "FolderLockedError",
+    "check_writable",
+    "folder_lock",
     "atomic_file",
     "atomic_dir",
     "atomic_write_bytes",
@@ -102,3 +112,139 @@ def atomic_dir(target: str | Path, *, replace: bool = False) -> Iterator[Path]:
                     raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- output folders: found writable before the work, one writer at a time ------------------
+
+LOCK_FILE = ".mechsink.lock"
+
+
+class FolderLockedError(BadInputError):
+    """Another live process holds the advisory lock on an output folder."""
+
+
+def check_writable(folder: str | Path, *, option: str = "--out") -> Path:
+    """Create ``folder`` if needed and write then remove a probe file in it; return the path.
+
+    Run before loading a model, so a folder that cannot be written (``/proc/x``, a read-only
+    mount, an existing file, ``""``) is an error before the work instead of a traceback after it.
+    """
+    if str(folder).strip() == "":
+        raise BadInputError(f"{option} is empty: give the folder to write into.")
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise BadInputError(f"{option} {path} is a file, not a folder: give a folder path.")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".mechsink-probe.", dir=path)
+        try:
+            os.write(fd, b"probe")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise BadInputError(
+            f"{option} {path} cannot be written ({why}): choose a folder you can write to."
+        ) from exc
+    return path
+
+
+_held: dict[Path, int] = {}  # folders this process holds the lock of -> nesting depth
+_held_guard = threading.Lock()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _read_holder(lock: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(lock.read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _locked_error(folder: Path, holder: dict[str, Any]) -> FolderLockedError:
+    who = f"process {holder.get('pid', '?')}"
+    if holder.get("command"):
+        who += f" ({holder['command']})"
+    return FolderLockedError(
+        f"{folder} is being written by {who}: wait for it to finish, or choose another folder. "
+        f"(If that process is gone, delete {folder / LOCK_FILE}.)"
+    )
+
+
+@contextmanager
+def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[Path]:
+    """Hold the advisory lock of output folder ``folder`` for the block (one writer per folder).
+
+    The lock is ``folder/.mechsink.lock``, holding the holder's pid and command line, and an
+    exclusive ``flock`` on it. A second process fails at once with a
+    :class:`FolderLockedError` naming the first. A lock left by a dead process (its pid no
+    longer runs, so the kernel has dropped its ``flock``) is taken over. The same process may
+    nest locks on one folder. The folder is created if needed; the lock file is removed on exit.
+    """
+    import fcntl
+
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    key = path.resolve()
+    with _held_guard:
+        if key in _held:
+            _held[key] += 1
+            nested = True
+        else:
+            nested = False
+    if nested:
+        try:
+            yield path
+        finally:
+            with _held_guard:
+                _held[key] -= 1
+        return
+    lock = key / LOCK_FILE
+    info = {"pid": os.getpid(), "command": command or shlex.join(sys.argv)}
+    for _ in range(100):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = _read_holder(lock)
+            pid = holder.get("pid")
+            if isinstance(pid, int) and not _pid_alive(pid):
+                time.sleep(0.05)  # a dying holder: its flock goes with it, then we take over
+                continue
+            raise _locked_error(path, holder) from None
+        try:  # the file may have been removed (and re-made) between open and flock: retry then
+            same = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    else:
+        raise _locked_error(path, _read_holder(lock))
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps(info) + "\n").encode("utf-8"))
+        os.fsync(fd)
+        with _held_guard:
+            _held[key] = 1
+        yield path
+    finally:
+        with _held_guard:
+            _held.pop(key, None)
+        try:
+            lock.unlink()  # while still holding the flock: no one else can own this file
+        except FileNotFoundError:
+            pass
+        os.close(fd)
