@@ -127,7 +127,7 @@ class Census:
 def needed_hooks(model: Any) -> list[str]:
     """Every hook name the measurements read (the census's names_filter)."""
     rotary = has_hook(model, "blocks.0." + keys.ROTARY_HOOKS[0])
-    suffixes = {*sinks.HOOKS, *massive.HOOKS, *super_neurons.HOOKS, *norms.RESID_HOOKS,
+    suffixes = {*sinks.HOOKS, *massive.HOOKS, *super_neurons.SET_HOOKS, *norms.RESID_HOOKS,
                 *norms.VALUE_HOOKS, *norms.HEAD_HOOKS, *variance.HOOKS,
                 *(keys.ROTARY_HOOKS if rotary else keys.PLAIN_HOOKS)}
     return hook_names(int(model.cfg.n_layers), sorted(suffixes))

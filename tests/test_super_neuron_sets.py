@@ -26,13 +26,18 @@ def _planted(batch: int = 3):
     post[1, :, 0, 2] = 300.0
     post[1, :, 0, 11] = 90.0
     out = torch.einsum("lbpn,lnd->lbpd", post, w_out)
-    cache = {**_as_cache("mlp.hook_post", post), **_as_cache("hook_mlp_out", out)}
+    resid = torch.cumsum(out, 0) + 0.1 * torch.randn(n_layer, batch, n_pos, d_model,
+                                                     generator=gen)
+    resid[:, :, 1:, 5] = 0.0  # channel 5 is massive at position 0 only
+    cache = {**_as_cache("mlp.hook_post", post), **_as_cache("hook_mlp_out", out),
+             **_as_cache("hook_resid_post", resid)}
     return cache, post, out, w_out
 
 
 def test_complete_set_is_the_planted_set_in_rank_order():
     cache, post, out, w_out = _planted()
     found = super_neuron_sets(cache, w_out)
+    assert found.massive_channels() == [5]
     sets = found.sets()
     assert [(s.layer, s.channel) for s in sets] == [(1, 5)]
     s = sets[0]
@@ -66,8 +71,8 @@ def test_census_lists_super_neuron_sets(llama_tiny):
     assert data["schema"] == SCHEMA == "mechsink-census/2"
     block = data["runs"][0]["super_neuron_sets"]
     assert block["criterion"]["coverage"] == 0.95
-    # a random tiny model writes no spike: both lists exist and are empty, as measured
-    run = c.runs[0]
-    expected = [(lay, ch) for lay, ch in torch.nonzero(
-        run.super_sets.out0.double().mean(0).abs() > 50).tolist()]
-    assert [(s["layer"], s["channel"]) for s in block["sets"]] == expected
+    # the set channels are massive channels at position 0 in the census's own massive report
+    massive0 = {a["channel"] for a in data["runs"][0]["massive_activations_layer_median"]
+                if a["position"] == 0}
+    assert {s["channel"] for s in block["sets"]} <= massive0
+

@@ -142,6 +142,8 @@ def mlp_spikes(
 # --- complete sets: every spiking neuron, and the neurons that make up a channel's write -------
 
 COVERAGE = 0.95  # a complete set explains at least this share of the MLP's write at position 0
+SET_HOOKS = (*HOOKS, "hook_resid_post")
+MASSIVE_ABS, MASSIVE_RATIO = 100.0, 1000.0  # Sun et al. 2024's massive-activation rule
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ class SuperNeuronSets:
     coverage: float
     post0: Float[Tensor, "batch layer d_mlp"]
     out0: Float[Tensor, "batch layer d_model"]
+    resid0: Float[Tensor, "batch layer d_model"]  # hook_resid_post at position 0
+    median: Float[Tensor, "batch layer"]  # median |hook_resid_post| over positions and channels
     w_out: Float[Tensor, "layer d_mlp d_model"]
     # (layer, neuron, channel, position, activation, contribution) per spike
     spikes: tuple[tuple[int, int, int, int, float, float], ...]
@@ -238,9 +242,10 @@ class SuperNeuronSets:
     @classmethod
     def merge(cls, parts: Sequence[SuperNeuronSets]) -> SuperNeuronSets:
         first = parts[0]
-        return cls(first.threshold, first.coverage, torch.cat([p.post0 for p in parts]),
-                   torch.cat([p.out0 for p in parts]), first.w_out,
-                   tuple(s for p in parts for s in p.spikes))
+        return cls(first.threshold, first.coverage,
+                   *(torch.cat([getattr(p, f) for p in parts])
+                     for f in ("post0", "out0", "resid0", "median")),
+                   first.w_out, tuple(s for p in parts for s in p.spikes))
 
     def spiking_neurons(self) -> list[SpikingNeuron]:
         """Every neuron that met the spike criterion, grouped by (layer, neuron, channel)."""
@@ -256,10 +261,20 @@ class SuperNeuronSets:
                                      sum(r[2] for r in rows) / len(rows), len(rows)))
         return sorted(out, key=lambda s: (s.layer, -abs(s.contribution), s.neuron))
 
+    def massive_channels(self) -> list[int]:
+        """Channels massive at position 0 after some block (Sun et al. 2024: mean ``|x| > 100``
+        and ``>= 1000 x`` the layer's median magnitude)."""
+        mag = self.resid0.double().abs().mean(0)  # [layer, d_model]
+        ref = self.median.double().mean(0)[:, None]
+        hit = (mag > MASSIVE_ABS) & (mag >= MASSIVE_RATIO * ref)
+        return sorted({int(c) for c in torch.nonzero(hit)[:, 1]})
+
     def channels(self) -> list[tuple[int, int]]:
-        """(layer, channel) pairs whose mean MLP output at position 0 exceeds the threshold."""
-        mean = self.out0.double().mean(0)
-        return [(int(lay), int(c)) for lay, c in torch.nonzero(mean.abs() > self.threshold)]
+        """(layer, channel) pairs: a massive channel into which the layer's MLP writes more than
+        the spike threshold at position 0 (mean over sequences)."""
+        mean = self.out0.double().mean(0).abs()
+        return [(layer, c) for layer in range(mean.shape[0]) for c in self.massive_channels()
+                if mean[layer, c] > self.threshold]
 
     def sets(self) -> list[SuperNeuronSet]:
         """The complete set of every (layer, channel) the MLP writes a spike into at position 0."""
@@ -271,7 +286,10 @@ class SuperNeuronSets:
     def to_dict(self) -> dict[str, Any]:
         return {"super_neuron_sets": {
             "criterion": {"spike_threshold": self.threshold, "coverage": self.coverage,
-                          "position": 0, "input_hook": HOOKS[0], "output_hook": HOOKS[1]},
+                          "position": 0, "input_hook": HOOKS[0], "output_hook": HOOKS[1],
+                          "massive_channels": self.massive_channels(),
+                          "massive_rule": f"mean |hook_resid_post[l, 0, c]| > {MASSIVE_ABS:g} "
+                                          f"and >= {MASSIVE_RATIO:g} x the layer's median |x|"},
             "spiking_neurons": [s.to_dict() for s in self.spiking_neurons()],
             "sets": [s.to_dict() for s in self.sets()]}}
 
@@ -285,9 +303,10 @@ def super_neuron_sets(
     """Complete super-neuron sets (Yu et al. 2024, detection of *every* spike, not only the
     largest): each neuron with ``|post| > threshold`` at a position where some output channel
     has ``|mlp_out| > threshold``, and, at position 0, the inputs and outputs the ranked sets
-    are built from (after merging chunks)."""
+    are built from (after merging chunks), for the channels massive at position 0."""
     post = stacked(cache, HOOKS[0]).float()  # [layer, batch, pos, d_mlp]
     out = stacked(cache, HOOKS[1]).float()  # [layer, batch, pos, d_model]
+    resid = stacked(cache, SET_HOOKS[2]).float()  # [layer, batch, pos, d_model]
     w = w_out.detach().to(post.device, torch.float32)
     spikes = []
     out_spiking = out.abs() > threshold  # [layer, batch, pos, d_model]
@@ -300,4 +319,6 @@ def super_neuron_sets(
         spikes.append((layer, neuron, int(chans[best]), pos, act, float(contrib[best])))
     return SuperNeuronSets(float(threshold), float(coverage),
                            post[:, :, 0].transpose(0, 1).cpu(), out[:, :, 0].transpose(0, 1).cpu(),
+                           resid[:, :, 0].transpose(0, 1).cpu(),
+                           resid.abs().flatten(2).median(-1).values.transpose(0, 1).cpu(),
                            w.cpu(), tuple(spikes))
