@@ -171,8 +171,10 @@ class SuperNeuronSet:
     """The ranked neurons whose position-0 contributions to ``channel`` together explain at
     least ``coverage`` of MLP ``layer``'s write there (means over sequences).
 
-    ``write``: mean ``hook_mlp_out[layer, 0, channel]`` (bias included); ``neurons``:
-    ``(neuron, mean contribution)`` best first; ``explained``: their sum over ``write``;
+    ``write``: mean ``hook_mlp_out[layer, 0, channel]`` (what reaches the residual stream);
+    ``down_write``: mean ``sum_n post_n W_out[n, channel]`` (the down projection's output, no
+    bias, before any post-MLP norm); ``neurons``: ``(neuron, mean contribution)`` best first;
+    ``explained``: their sum over ``down_write``;
     ``explained_min``: the smallest per-sequence share the same set explains; ``complete``:
     whether ``explained`` reached ``coverage``.
     """
@@ -180,6 +182,7 @@ class SuperNeuronSet:
     layer: int
     channel: int
     write: float
+    down_write: float
     neurons: tuple[tuple[int, float], ...]
     explained: float
     explained_min: float
@@ -191,9 +194,11 @@ class SuperNeuronSet:
         return [n for n, _ in self.neurons]
 
     def to_dict(self) -> dict[str, Any]:
+        down = self.down_write
         return {"layer": self.layer, "channel": self.channel, "write": rounded(self.write),
+                "down_write": rounded(down),
                 "neurons": [{"neuron": n, "contribution": rounded(c),
-                             "share": rounded(c / self.write if self.write else float("nan"))}
+                             "share": rounded(c / down if down else float("nan"))}
                             for n, c in self.neurons],
                 "size": len(self.neurons), "explained": rounded(self.explained),
                 "explained_min": rounded(self.explained_min), "coverage": self.coverage,
@@ -204,22 +209,26 @@ def _complete_set(
     post0: Float[Tensor, "batch d_mlp"], out0: Float[Tensor, " batch"],
     w: Float[Tensor, " d_mlp"], coverage: float, layer: int, channel: int,
 ) -> SuperNeuronSet:
-    """Rank neurons by mean contribution in the direction of the mean write; take the fewest
-    whose sum reaches ``coverage`` of it."""
+    """Rank neurons by mean contribution in the direction of the down projection's write
+    ``sum_n post_n W_out[n, channel]``; take the fewest whose sum reaches ``coverage`` of it.
+
+    The share is taken of the down projection's output without its bias (a bias is the same at
+    every position: it is not a position-0 write) and before any post-MLP norm (Gemma's; with its
+    scale fixed that norm multiplies the channel by one number, so shares are unchanged)."""
     contrib = post0.double() * w.double()[None]  # [batch, d_mlp]
+    down = contrib.sum(1)  # [batch]
     mean_c = contrib.mean(0)
-    write = float(out0.double().mean())
-    sign = 1.0 if write >= 0 else -1.0
+    total = float(down.mean())
+    sign = 1.0 if total >= 0 else -1.0
     order = torch.argsort(sign * mean_c, descending=True, stable=True)
     cum = torch.cumsum(sign * mean_c[order], 0)
-    target = coverage * abs(write)
-    reached = torch.nonzero(cum >= target)
-    complete = bool(len(reached)) and abs(write) > 0
+    reached = torch.nonzero(cum >= coverage * abs(total))
+    complete = bool(len(reached)) and total != 0
     k = int(reached[0]) + 1 if complete else int((sign * mean_c > 0).sum())
     chosen = order[:k]
-    explained = float(mean_c[chosen].sum() / write) if write else float("nan")
-    per_seq = contrib[:, chosen].sum(1) / out0.double()
-    return SuperNeuronSet(layer, channel, write,
+    explained = float(mean_c[chosen].sum() / total) if total else float("nan")
+    per_seq = contrib[:, chosen].sum(1) / down
+    return SuperNeuronSet(layer, channel, float(out0.double().mean()), total,
                           tuple((int(n), float(mean_c[n])) for n in chosen),
                           explained, float(per_seq.min()), coverage, complete)
 
