@@ -233,15 +233,22 @@ def test_hooks_removed_after_metric_raises_mid_sweep(tiny):
 
     def flaky(lg):
         calls["n"] += 1
-        if calls["n"] > 4:  # after the baselines and a few patches
+        if calls["n"] > 4:  # after the two baselines and two patches
             raise RuntimeError("boom")
         return lg[0, -1, 0]
 
     with pytest.raises(RuntimeError, match="boom"):
         activation_patch(tiny, clean, corrupted, "z", flaky, batch_size=3)
-    with pytest.raises(BadInputError):  # a metric error raised from inside the sweep
-        activation_patch(tiny, clean, corrupted, "z",
-                         lambda lg: lg[0, -1, 0] * (float("nan") if lg.shape[0] else 1.0))
+    assert calls["n"] == 5
+    calls["n"] = 0
+
+    def nan_after_baselines(lg):
+        calls["n"] += 1
+        return lg[0, -1, 0] * (float("nan") if calls["n"] > 2 else 1.0)
+
+    with pytest.raises(BadInputError, match=r"while patching z_by_pos .*\(patch 0\)"):
+        activation_patch(tiny, clean, corrupted, "z", nan_after_baselines)
+    assert calls["n"] == 3  # the error came from the first patched value, inside the sweep
     with torch.no_grad():
         after = tiny(corrupted)
     assert torch.equal(before, after)
@@ -286,3 +293,139 @@ def _tl_on_layers(model, fn, site, corrupted, cache, layers):
                                         fn.keywords["patch_setter"],
                                         fn.keywords["activation_name"], index_df=df)
     return flat.reshape(len(layers), *[len(ranges[a]) for a in axes[1:]])
+
+
+# --- prefix reuse, memory budget, metric and token errors -------------------------------
+
+
+@pytest.fixture
+def no_prefix_reuse():
+    """Run the body with prefix reuse switched off (restored afterwards)."""
+    from mechsink.patching import engine
+
+    engine.SPEEDUPS["prefix_reuse"] = False
+    yield
+    engine.SPEEDUPS["prefix_reuse"] = True
+
+
+def _sweep_both_ways(model, site, metric, **kw):
+    from mechsink.patching import engine
+
+    clean, corrupted = _pair(model)
+    seen = []  # suffix lengths of the patched forwards (positions actually computed)
+
+    def spy(act, hook):
+        seen.append(act.shape[1])
+
+    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", spy)]):
+        fast = activation_patch(model, clean, corrupted, site, metric, **kw)
+    engine.SPEEDUPS["prefix_reuse"] = False
+    try:
+        plain = activation_patch(model, clean, corrupted, site, metric, **kw)
+    finally:
+        engine.SPEEDUPS["prefix_reuse"] = True
+    return fast, plain, seen
+
+
+@pytest.mark.parametrize("site", ["resid_pre", "z", "k", "resid_mid", "neuron",
+                                  "pattern_dest_src", "pattern_by_pos", "mlp_out"])
+@pytest.mark.parametrize("metric", ["logits", "logit_diff", "sink", "massive"])
+def test_prefix_reuse_equals_the_plain_patch(tiny, site, metric):
+    """Recomputing only the positions from the earliest patched one gives the same sweep, on
+    GPT-2 (absolute positions, learned query bias) and Llama (rotary, GQA) families."""
+    metrics = {"logits": logit_metric, "logit_diff": LogitDiff(100, 200),
+               "sink": SinkScore(1), "massive": MassiveValue(1, 0, 3) + ResidNorm(1, 4)}
+    the_site = parse_site(site, layers=(1,)) if site.startswith("pattern") or site == "neuron" \
+        else site
+    if site == "neuron":
+        the_site = parse_site("neuron", layers=(0, 1), neurons=(0, 7))
+    fast, plain, seen = _sweep_both_ways(tiny, the_site, metrics[metric])
+    assert (fast.values - plain.values).abs().max() <= 1e-5
+    assert (fast.values - fast.corrupted_value).abs().max() > 1e-6  # the patches do something
+    assert min(seen) < 6  # some forwards really started after position 0
+
+
+def test_prefix_reuse_with_ablations_and_restricted_positions(llama_tiny):
+    site = parse_site("resid_pre_all_pos", positions=(3, 5))
+    for ablation in ("zero", "batch_mean", "position_mean", "resample"):
+        fast, plain, seen = _sweep_both_ways(llama_tiny, site, LogitDiff(100, 200),
+                                             ablation=ablation, direction="noise")
+        assert (fast.values - plain.values).abs().max() <= 1e-5
+        assert min(seen) == 3
+
+
+def test_position_mean_ablation_equals_a_hand_computed_hook(llama_tiny):
+    """position_mean at (layer 1, pos 2) writes the mean of the other positions' resid."""
+    clean, corrupted = _pair(llama_tiny)
+    res = activation_patch(llama_tiny, clean, corrupted, parse_site("resid_pre", layers=(1,)),
+                           logit_metric, ablation="position_mean", direction="noise")
+
+    def hook(act, hook):
+        others = [p for p in range(act.shape[1]) if p != 2]
+        act[:, 2] = act[:, others].mean(1)
+        return act
+
+    with torch.no_grad():
+        expected = logit_metric(llama_tiny.run_with_hooks(
+            clean, fwd_hooks=[("blocks.1.hook_resid_pre", hook)]))
+    assert abs(res.values[0, 2].item() - expected.item()) <= 1e-5
+
+
+def test_memory_budget_bounds_every_patched_forward(llama_tiny):
+    """With a small budget, the largest activation of any patched forward stays within it
+    (measured on the tensors the hooks see), and the values do not change."""
+    from mechsink.patching import engine
+
+    clean, corrupted = _pair(llama_tiny)
+    one = engine.bytes_per_copy(llama_tiny, 1, clean.shape[1], 0, -1)
+    budget = 3 * one
+    peak = {"bytes": 0}
+
+    def measure(act, hook):
+        peak["bytes"] = max(peak["bytes"], act.numel() * act.element_size())
+
+    names = ["blocks.0.hook_resid_pre", "blocks.1.attn.hook_attn_scores",
+             "blocks.1.attn.hook_pattern", "blocks.1.mlp.hook_post", "blocks.1.hook_resid_post",
+             "hook_unembed"]
+    with llama_tiny.hooks(fwd_hooks=[(n, measure) for n in names]):
+        small = activation_patch(llama_tiny, clean, corrupted, "resid_pre", logit_metric,
+                                 memory_budget=budget)
+    assert 0 < peak["bytes"] <= budget
+    big = activation_patch(llama_tiny, clean, corrupted, "resid_pre", logit_metric)
+    assert (small.values - big.values).abs().max() <= 1e-5
+    assert engine.copies_per_batch(llama_tiny, 1, 6, 0, -1, memory_budget=budget) == 3
+
+
+@pytest.mark.parametrize("bad", [None, "0.5", [1.0]])
+def test_metric_returning_a_non_number_is_named(gpt2_tiny, bad):
+    clean, corrupted = _pair(gpt2_tiny)
+
+    def odd_metric(logits):
+        return bad
+
+    with pytest.raises(BadInputError, match=r"metric 'odd_metric' returned .*(None|str|list)"):
+        activation_patch(gpt2_tiny, clean, corrupted, "z", odd_metric)
+
+
+def test_tokens_outside_the_vocabulary_fail_before_any_forward(gpt2_tiny):
+    clean, corrupted = _pair(gpt2_tiny)
+    bad = clean.clone()
+    bad[0, 2] = gpt2_tiny.cfg.d_vocab + 5
+    calls = {"n": 0}
+
+    def count(act, hook):
+        calls["n"] += 1
+
+    with gpt2_tiny.hooks(fwd_hooks=[("hook_embed", count)]):
+        with pytest.raises(BadInputError, match=f"token id {gpt2_tiny.cfg.d_vocab + 5}"):
+            activation_patch(gpt2_tiny, bad, corrupted, "z", logit_metric)
+        with pytest.raises(BadInputError, match="token id -1"):
+            activation_patch(gpt2_tiny, clean, corrupted * 0 - 1, "z", logit_metric)
+    assert calls["n"] == 0
+
+
+def test_progress_bar_is_silent_off_a_terminal(gpt2_tiny, capsys):
+    clean, corrupted = _pair(gpt2_tiny)
+    activation_patch(gpt2_tiny, clean, corrupted, "z", logit_metric)
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""

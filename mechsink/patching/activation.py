@@ -116,23 +116,35 @@ def _chunks(
 ) -> list[tuple[int, list[tuple[int, ...]]]]:
     """Units of one layer in batches, latest positions first: ``(first position, units)``.
 
-    Late patches recompute few positions, so many fit in one batch; a batch starts at its
-    earliest unit's position.
+    A batch starts at its earliest unit's position, so mixing positions recomputes some
+    tokens twice; a unit joins the batch while that stays within
+    :data:`~mechsink.patching.engine.MAX_RECOMPUTE` of the least work and the batch within
+    the token target and memory budget (or ``batch_size`` units, when given).
     """
+    reuse = SPEEDUPS["prefix_reuse"]
     logit_positions = -1 if s.needs.logits == ALL else len(s.needs.logits or ())
     ordered = sorted(units, key=lambda u: -site.first_position(u))
     out: list[tuple[int, list[tuple[int, ...]]]] = []
     chunk: list[tuple[int, ...]] = []
+    useful = 0
     for u in ordered:
-        first = site.first_position(u) if SPEEDUPS["prefix_reuse"] else 0
-        cap = batch_size or engine.copies_per_batch(model, s.batch, s.seq_len, first,
-                                                    logit_positions, memory_budget=memory_budget)
-        if chunk and len(chunk) + 1 > cap:
-            out.append((site.first_position(chunk[-1]) if SPEEDUPS["prefix_reuse"] else 0, chunk))
-            chunk = []
+        first = site.first_position(u) if reuse else 0
+        suffix = s.seq_len - first
+        if chunk:
+            n = len(chunk) + 1
+            if batch_size is not None:
+                fits = n <= batch_size
+            else:
+                cap = engine.copies_per_batch(model, s.batch, s.seq_len, first, logit_positions,
+                                              memory_budget=memory_budget)
+                fits = n <= cap and n * suffix <= engine.MAX_RECOMPUTE * (useful + suffix)
+            if not fits:
+                out.append((site.first_position(chunk[-1]) if reuse else 0, chunk))
+                chunk, useful = [], 0
         chunk.append(u)
+        useful += suffix
     if chunk:
-        out.append((site.first_position(chunk[-1]) if SPEEDUPS["prefix_reuse"] else 0, chunk))
+        out.append((site.first_position(chunk[-1]) if reuse else 0, chunk))
     return out
 
 

@@ -57,6 +57,10 @@ DEFAULT_TOKENS_PER_BATCH = 512
 #: keeps a SmolLM2-135M sweep (model ~0.5 GiB in float32) well under 3 GB.
 DEFAULT_MEMORY_BUDGET = 512 * 2**20
 
+#: a batch may mix patches at different positions (it then starts at the earliest) while it
+#: computes at most this many times the tokens the patches need by themselves
+MAX_RECOMPUTE = 1.25
+
 #: the speed ideas, switchable so benchmarks/patching.py can measure what each one buys
 SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True}
 
