@@ -39,3 +39,71 @@ def test_architecture_summary(llama_tiny):
     assert (summary["n_layers"], summary["n_heads"], summary["n_kv_heads"]) == (2, 4, 2)
     assert summary["positional_embedding"] == "rotary"
     assert summary["n_params"] > 3_000_000
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "llama_tiny"])
+def test_prefix_run_equals_the_full_forward(request, name):
+    """Positions p.. from block L, keys/values of positions < p read from the recorded run,
+    give the full forward's logits and patterns at those positions (absolute positions and
+    rotary, GQA)."""
+    import torch
+
+    from mechsink.bridge import act_name, run_from_layer, run_with_kv
+
+    model = request.getfixturevalue(name)
+    tokens = to_tokens(model, ["When Mary and John went to the", "The cat sat on the mat in"],
+                       prepend_bos=True, seq_len=7)
+    names = {act_name("resid_pre", 1), act_name("pattern", 1)}
+    logits, acts, kv = run_with_kv(model, tokens, names)
+    assert kv is not None and kv.keys[0].shape[2] == 7
+    for start, first in [(0, 1), (1, 3), (1, 6)]:
+        resid = run_with_kv(model, tokens, {act_name("resid_pre", start)})[1][
+            act_name("resid_pre", start)]
+        seen: dict = {}
+
+        def keep(a, hook, seen=seen):
+            seen["p"] = a
+
+        hook = (act_name("pattern", 1), keep)
+        stacked = resid[:, first:].repeat(2, 1, 1)
+        with torch.no_grad():
+            out = run_from_layer(model, stacked, start, fwd_hooks=[hook], prefix=(kv, first))
+        assert (out - logits[:, first:].repeat(2, 1, 1)).abs().max() <= 1e-5
+        expected = acts[act_name("pattern", 1)][:, :, first:].repeat(2, 1, 1, 1)
+        assert (seen["p"] - expected).abs().max() <= 1e-6
+
+
+def test_check_tokens(gpt2_tiny):
+    import torch
+
+    from mechsink.bridge import check_tokens
+
+    check_tokens(gpt2_tiny, torch.tensor([[0, 50256]]))
+    with pytest.raises(BadInputError, match="token id 50257 is outside"):
+        check_tokens(gpt2_tiny, torch.tensor([[0, 50257]]))
+    with pytest.raises(BadInputError, match="integer ids"):
+        check_tokens(gpt2_tiny, torch.tensor([[0.0, 1.0]]))
+
+
+@pytest.mark.slow
+def test_prefix_run_on_gemma_sliding_and_global_layers():
+    """Gemma 3 mixes sliding-window and global layers (own masks and rotary bases): a run
+    from block 1 (and from block 7) at positions 3.. equals the full forward."""
+    import torch
+
+    from mechsink import load_model
+    from mechsink.bridge import act_name, run_from_layer, run_with_kv
+
+    model = load_model("gemma3-270m", device="cpu")
+    tokens = to_tokens(model, ["When Mary and John went to the store, John", "The cat sat on "
+                               "the mat in the sun and then it"], prepend_bos=True, seq_len=10)
+    names = {act_name("resid_pre", 1), act_name("resid_pre", 7)}
+    logits, acts, kv = run_with_kv(model, tokens, names)
+    assert kv is not None
+    for start in (1, 7):
+        with torch.no_grad():
+            plain = run_from_layer(model, acts[act_name("resid_pre", start)], start)
+            out = run_from_layer(model, acts[act_name("resid_pre", start)][:, 3:], start,
+                                 prefix=(kv, 3))
+        assert (plain - logits).abs().max() <= 1e-4
+        assert (out - logits[:, 3:]).abs().max() <= 1e-4

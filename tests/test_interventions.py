@@ -8,6 +8,7 @@ import torch
 from mechsink.bridge import to_tokens
 from mechsink.errors import BadInputError
 from mechsink.interventions import (
+    Intervention,
     ablate,
     applied,
     attend_only_to_self,
@@ -43,7 +44,8 @@ def test_self_only_mask_makes_row_k_one_hot(model):
                                clean["blocks.0.attn.hook_pattern"])
 
 
-@pytest.mark.parametrize("mode", ["zero", "scale", "mean", "set"])
+@pytest.mark.parametrize("mode", ["zero", "scale", "mean", "position_mean", "set",
+                                  "batch_mean"])
 def test_head_ablation_sets_the_chosen_entries(model, mode):
     tokens = to_tokens(model, TEXT, prepend_bos=True)
     _, clean = model.run_with_cache(tokens)
@@ -55,7 +57,9 @@ def test_head_ablation_sets_the_chosen_entries(model, mode):
     expected = {"zero": torch.zeros_like(z_clean[:, [0, 3], 1]),
                 "set": torch.full_like(z_clean[:, [0, 3], 1], 7.0),
                 "scale": 0.5 * z_clean[:, [0, 3], 1],
-                "mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1)}[mode]
+                "mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
+                "position_mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
+                "batch_mean": z_clean[:, [0, 3], 1].mean(0, keepdim=True)}[mode]
     torch.testing.assert_close(z[:, [0, 3], 1], expected)
     torch.testing.assert_close(z[:, :, [0, 2, 3]], z_clean[:, :, [0, 2, 3]])  # other heads
     torch.testing.assert_close(z[:, others], z_clean[:, others])  # other positions
@@ -116,3 +120,40 @@ def test_first_token_manipulations():
         remove_bos(tokens, 1)
     with pytest.raises(BadInputError, match="two tokens"):
         shift_to_first(tokens, 3)
+
+
+def test_batch_mean_and_resample_over_a_batch(model):
+    tokens = to_tokens(model, ["Interventions move the sink", "Heads pour attention on"],
+                       prepend_bos=True, seq_len=5)
+    _, clean = model.run_with_cache(tokens)
+    mlp = clean["blocks.0.hook_mlp_out"]
+    _, cache = _run(model, [ablate(model, "hook_mlp_out", 0, mode="batch_mean",
+                                   positions=[2])], tokens)
+    torch.testing.assert_close(cache["blocks.0.hook_mlp_out"][:, 2],
+                               ((mlp[0, 2] + mlp[1, 2]) / 2).expand(2, -1))
+    _, cache = _run(model, [ablate(model, "hook_mlp_out", 0, mode="resample", seed=1,
+                                   positions=[1])], tokens)
+    rows = torch.randint(2, (2,), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(cache["blocks.0.hook_mlp_out"][:, 1], mlp[rows, 1])
+    torch.testing.assert_close(cache["blocks.0.hook_mlp_out"][:, 0], mlp[:, 0])
+
+
+def test_positions_beyond_the_sequence_fail_before_any_block(model):
+    tokens = to_tokens(model, "a short one", prepend_bos=True)
+    ran = {"blocks": 0}
+
+    def count(act, hook):
+        ran["blocks"] += 1
+
+    edits = [ablate(model, "attn.hook_z", 1, positions=[99]),
+             Intervention("blocks.0.hook_resid_pre", count, "count block 0")]
+    with pytest.raises(BadInputError, match="position 99 is beyond the sequence"):
+        with applied(model, edits):
+            model(tokens)
+    assert ran["blocks"] == 0
+    assert all(not hp.fwd_hooks for hp in model.hook_dict.values())
+
+
+def test_remove_query_bias_needs_a_query_bias(llama_tiny):
+    with pytest.raises(BadInputError, match="no query bias"):
+        remove_query_bias(llama_tiny, 0)

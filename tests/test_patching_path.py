@@ -205,3 +205,62 @@ def test_ablation_bad_input(gpt2_tiny):
     with pytest.raises(BadInputError, match="unknown ablation 'median'"):
         path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric,
                    ablation="median")
+
+
+def test_several_metrics_share_one_run_and_equal_separate_runs(gpt2_tiny):
+    from mechsink.patching import MassiveValue, SinkScore
+
+    tokens = to_tokens(gpt2_tiny, ["When Mary and John went", "The cat sat on the mat"],
+                       prepend_bos=True, seq_len=6)
+    senders = ["L0H0@0", "L0H1@0", "MLP0@0"]
+    metrics = [SinkScore(1), MassiveValue(1, 0, 3)]
+    calls = {"n": 0}
+
+    def count(act, hook):
+        calls["n"] += 1
+
+    with gpt2_tiny.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", count)]):
+        both = path_patch(gpt2_tiny, tokens, None, senders, ["MLP1"], metrics,
+                          ablation="position_mean")
+    shared = calls["n"]
+    for m, res in zip(metrics, both, strict=True):
+        alone = path_patch(gpt2_tiny, tokens, None, senders, ["MLP1"], m,
+                           ablation="position_mean")
+        assert res.metric == m.name and res.clean_value == pytest.approx(alone.clean_value)
+        assert (res.values - alone.values).abs().max() <= 1e-6
+    assert (both[1].values - both[1].clean_value).abs().max() > 1e-4
+    calls["n"] = 0
+    with gpt2_tiny.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", count)]):
+        path_patch(gpt2_tiny, tokens, None, senders, ["MLP1"], metrics[0],
+                   ablation="position_mean")
+    assert shared == calls["n"]  # two metrics cost the forwards of one
+
+
+def test_batch_size_zero_and_whole_senders_fail_before_any_forward(gpt2_tiny):
+    tokens = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
+    calls = {"n": 0}
+
+    def count(act, hook):
+        calls["n"] += 1
+
+    with gpt2_tiny.hooks(fwd_hooks=[("hook_embed", count)]):
+        with pytest.raises(BadInputError, match="batch_size must be a positive integer"):
+            path_patch(gpt2_tiny, tokens, tokens, ["L0H0"], ["metric"], logit_metric,
+                       batch_size=0)
+        with pytest.raises(BadInputError, match=r"give each sender a position \(e.g. L0H0@0\)"):
+            path_patch(gpt2_tiny, tokens, None, ["L0H0"], ["metric"], logit_metric,
+                       ablation="position_mean")
+    assert calls["n"] == 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, None])
+def test_batch_size_does_not_change_path_values(llama_tiny, batch_size):
+    clean = to_tokens(llama_tiny, CLEAN, prepend_bos=True)
+    corrupted = to_tokens(llama_tiny, CORRUPTED, prepend_bos=True)
+    senders = ["L0H0", "L0H3@2", "MLP0", ["embed@1", "L0N5"]]
+    ref = path_patch(llama_tiny, clean, corrupted, senders, ["L1H2.k"], logit_metric,
+                     batch_size=16)
+    got = path_patch(llama_tiny, clean, corrupted, senders, ["L1H2.k"], logit_metric,
+                     batch_size=batch_size)
+    assert (got.values - ref.values).abs().max() <= 1e-5
+    assert (ref.values - ref.clean_value).abs().max() > 1e-4
