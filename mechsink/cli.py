@@ -255,3 +255,32 @@ def circuit(
 
 def main() -> None:  # pragma: no cover - console-script convenience
     app()
+
+
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="the sweep's TOML spec (models, jobs, settings)"),
+    out: Path = typer.Option(..., "--out", help="folder for shards, merged results, summary"),
+    ray: bool = typer.Option(False, "--ray", help="run shards on a local Ray instance"),
+    ray_address: str | None = typer.Option(None, "--ray-address",
+                                           help="run shards on an existing Ray cluster"),
+    workers: int = typer.Option(2, help="Ray workers (one model cached in each)"),
+    max_shards: int | None = typer.Option(None, help="stop after running this many shards"),
+) -> None:
+    """Run a sweep spec: shards written atomically, finished ones skipped on a rerun, merged
+    into one result per job plus summary.json (local by default; --ray / --ray-address)."""
+    from mechsink.sweep import run_sweep
+
+    try:
+        summary = run_sweep(spec, out, ray=ray or ray_address is not None,
+                            ray_address=ray_address, workers=workers, max_shards=max_shards)
+    except MechsinkError as exc:
+        fail(exc)
+    failed = [s for s in summary["shards"] if s["status"] == "failed"]
+    console.print(f"{len(summary['shards'])} shards ({summary['ran']} ran, {summary['skipped']} "
+                  f"already done, {len(failed)} failed) in {summary['wall_s']:.1f} s; wrote {out}",
+                  markup=False)
+    for s in failed:
+        console.print(f"failed: {s['id']}: {s['error']}", markup=False)
+    if failed:
+        raise typer.Exit(1)
