@@ -216,24 +216,37 @@ def path_patch(
         per_batch = batch_size or engine.copies_per_batch(
             model, batch, seq_len, 0, -1 if s.needs.logits == ALL else len(s.needs.logits or ()),
             memory_budget=memory_budget)
-        values: list[list[Tensor]] = [[] for _ in s.metrics]
+        # senders upstream of block L leave blocks < L at their clean values: batch groups by
+        # the first block they touch and start each forward there
+        order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
+        last_start = min((r.layer for r in recvs if r.kind != "metric"), default=None)
+        values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
         with engine.progress(len(groups), "path patching") as bar:
-            for lo in range(0, len(groups), per_batch):
-                chunk = groups[lo:lo + per_batch]
+            for lo in range(0, len(order), per_batch):
+                ids = order[lo:lo + per_batch]
+                chunk = [groups[i] for i in ids]
+                start = _first_block(chunk[0])
+                if last_start is not None:
+                    start = min(start, last_start)
                 freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, seq_len, scales)
-                resid0 = _embed_rows(chunk, clean_acts, sender_source, seq_len)
+                if start == 0:
+                    resid = _embed_rows(chunk, clean_acts, sender_source, seq_len)
+                else:
+                    resid = clean_acts[act_name("resid_pre", start)].repeat(len(chunk), 1, 1)
                 if to_metric:
-                    got = engine.run_patched(model, s.clean, s.metrics, s.needs, resid0, 0,
+                    got = engine.run_patched(model, s.clean, s.metrics, s.needs, resid, start,
                                              len(chunk), freeze, stacked=True,
                                              context="on the path-patched run")
                 else:
-                    got = _through_receivers(model, s, recvs, chunk, freeze, resid0, seq_len)
+                    got = _through_receivers(model, s, recvs, chunk, freeze, resid, start,
+                                             seq_len)
                 for j, vals in enumerate(got):
-                    values[j] += vals
+                    values[j].update(zip(ids, vals, strict=True))
                 bar.update(len(chunk))
     labels = ["+".join(_name(c) for c in g) for g in groups]
     results = [PatchResult(
-        values=torch.stack(vals), axes=("sender",), labels={"sender": labels},
+        values=torch.stack([vals[i] for i in range(len(groups))]), axes=("sender",),
+        labels={"sender": labels},
         site="path:" + ",".join(_rname(r) for r in recvs), metric=m.name,
         clean_value=float(cv), corrupted_value=None if xv is None else float(xv),
         tokens=token_strings(model, clean_t[0]),
@@ -246,7 +259,7 @@ def path_patch(
 
 def _through_receivers(
     model: Any, s: engine.Setup, recvs: list[Receiver], chunk: list[list[Component]],
-    freeze: list[tuple[str, HookFn]], resid0: Tensor, seq_len: int,
+    freeze: list[tuple[str, HookFn]], resid: Tensor, start: int, seq_len: int,
 ) -> list[list[Tensor]]:
     """Step 1 (record the receivers' inputs on the sender run) and step 2 (the clean run with
     only those inputs replaced), for one batch of sender groups."""
@@ -254,7 +267,7 @@ def _through_receivers(
     hooks = [_recv_hook(r) for r in recvs]
     rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
     # record before freezing: recorders registered first see the computed values
-    run_from_layer(model, resid0, 0, fwd_hooks=rec + freeze, stop_after=set(hooks))
+    run_from_layer(model, resid, start, fwd_hooks=rec + freeze, stop_after=set(hooks))
     start = min(r.layer for r in recvs)
     patch = [(h, _receiver_patch(model, r, recorded[h], seq_len))
              for r, h in zip(recvs, hooks, strict=True)]
@@ -263,13 +276,17 @@ def _through_receivers(
                               patch, context="on the receiver run")
 
 
+def _first_block(group: list[Component]) -> int:
+    """The first block a sender group changes (0 for the embedding)."""
+    return min(0 if c.kind == "embed" else c.layer for c in group)
+
+
 def _cached_names(
     model: Any, groups: list[list[Component]], recvs: list[Receiver], scales: str
 ) -> set[str]:
     """Activations path patching reads from the clean (and corrupted) run."""
     n_layers = int(model.cfg.n_layers)
-    names = {act_name("resid_pre", 0)}
-    names |= {act_name("resid_pre", r.layer) for r in recvs if r.kind != "metric"}
+    names = {act_name("resid_pre", layer) for layer in range(n_layers)}
     for layer in range(n_layers):
         names |= {act_name("z", layer), act_name("mlp_out", layer)}
     names |= {act_name("post", c.layer) for g in groups for c in g if c.kind == "neuron"}
