@@ -220,34 +220,37 @@ def circuit(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="experiment, e.g. structural_origin or p0_sink"),
     model: str | None = typer.Argument(None, help="zoo name, for experiments that take a model"),
-    out: Path = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
+    out: str = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
 ) -> None:
     """Run an experiment of mechsink.experiments by name; further --options are its settings
     (e.g. --n 8 --seq-len 32), as the script of the same name in circuits/ takes them."""
     from mechsink.experiments import EXPERIMENTS, get_experiment
+    from mechsink.io import check_writable, folder_lock
 
     try:
         experiment = get_experiment(name)
         settings = experiment.parse_settings(ctx.args)
-        if experiment.needs_model:
-            from mechsink.zoo import load_model
+        if not experiment.needs_model and model is not None:
+            raise MechsinkError(f"{name} takes no model (it trains its own); experiments that "
+                                "take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
+                                                         if e.needs_model))
+        folder = check_writable(out)  # before the work, not after it ('' is an error)
+        with folder_lock(folder):
+            if experiment.needs_model:
+                from mechsink.zoo import load_model
 
-            with console.status(f"loading {model or experiment.default_model}"):
-                the_model = load_model(model or experiment.default_model, device=device,
-                                       seed=seed)
-            result = experiment.run(the_model, model_name=model or experiment.default_model,
-                                    **settings)
-        else:
-            if model is not None:
-                raise MechsinkError(f"{name} takes no model (it trains its own); experiments "
-                                    "that take one: " + ", ".join(
-                                        e.name for e in EXPERIMENTS.values() if e.needs_model))
-            if "work_dir" in experiment.settings():
-                settings.setdefault("work_dir", out)
-            result = experiment.run(**settings)
-        result.save(out)
+                with console.status(f"loading {model or experiment.default_model}"):
+                    the_model = load_model(model or experiment.default_model, device=device,
+                                           seed=seed)
+                result = experiment.run(the_model, model_name=model or experiment.default_model,
+                                        **settings)
+            else:
+                if "work_dir" in experiment.settings():
+                    settings.setdefault("work_dir", folder)
+                result = experiment.run(**settings)
+            result.save(folder)
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)
