@@ -1,10 +1,20 @@
-"""TransformerLens's activation patching vs mechsink's, on smollm2-135m (not a timed test).
+"""Patching speed on smollm2-135m: TransformerLens vs mechsink, and mechsink's efficiency.
 
-Same process, same inputs: ``resid_pre`` by position and head ``z`` by position with a logit
-metric, checking agreement and printing times and ratios; then the speed ideas one at a time;
-then the sink-metric sweep (a metric reading an attention pattern in a middle layer), against a
-plain one-forward-per-patch loop. Head ``z`` sweeps TransformerLens over ``--z-layers`` only
-(it is one forward per (layer, pos, head)); mechsink does the same cells.
+Not a timed test. Same process, same ~15-token prompts. For each sweep it prints
+TransformerLens's time (``transformer_lens.patching``: one full forward per patch), mechsink's,
+their ratio, and mechsink's **efficiency**: the time the least work would take at this
+machine's own throughput, divided by mechsink's time. Least work: the blocks from the patched
+layer on, the positions from the patched one on (up to the last layer the metric reads), and
+the unembedding of only the positions the metric reads. Throughput: layer-tokens per second
+(and unembedded tokens per second) of one large batched forward, measured here first. The
+ratio to TransformerLens depends on the CPU; efficiency is what carries across machines.
+
+Sweeps: resid_pre by (layer, position) with ``LogitDiff`` and with a plain logit callable;
+head z by (layer, position, head) on ``--z-layers``; resid_pre with ``SinkScore``; the P0-sink
+path patches (every head and MLP of the first blocks, at position 0, position-mean ablated, to
+the super neuron's MLP with two metrics in one run, and directly to the sink metric).
+TransformerLens has no path patching: that row has no TransformerLens time. Then the speed
+ideas one at a time (``--ideas``).
 
     .venv/bin/python benchmarks/patching.py [--model smollm2-135m] [--z-layers 0,15,29]
 """
@@ -13,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import time
 
 import pandas as pd
@@ -20,8 +31,17 @@ import torch
 import transformer_lens.patching as tlp
 
 from mechsink import load_model
-from mechsink.bridge import to_tokens
-from mechsink.patching import LogitDiff, SinkScore, activation, activation_patch, parse_site
+from mechsink.bridge import act_name, run_from_layer, to_tokens, unembed
+from mechsink.patching import (
+    LogitDiff,
+    MassiveValue,
+    SinkScore,
+    activation_patch,
+    engine,
+    parse_component,
+    parse_site,
+    path_patch,
+)
 
 CLEAN = "When Mary and John went to the store, John gave a drink to"
 CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
@@ -45,107 +65,168 @@ def tl_cells(model, fn, corrupted, cache, metric, layers):
     return flat.reshape(len(layers), *[len(ranges[a]) for a in axes[1:]])
 
 
+def throughput(model, seq_len: int, rows: int = 32) -> tuple[float, float]:
+    """Layer-tokens per second of one large batched forward (blocks only) and unembedded
+    tokens per second, best of three."""
+    n_layers = int(model.cfg.n_layers)
+    resid = torch.randn(rows, seq_len, int(model.cfg.d_model))
+    final = engine.final_resid(model)
+    blocks, heads = [], []
+    for _ in range(3):
+        _, t = timed(lambda: run_from_layer(model, resid, 0, stop_after={final}))
+        blocks.append(rows * seq_len * n_layers / t)
+        _, t = timed(lambda: unembed(model, resid))
+        heads.append(rows * seq_len / t)
+    return max(blocks), max(heads)
+
+
+def least_work(cells, n_layers: int, seq_len: int, batch: int, *, read_layer: int | None,
+               logit_positions: int, per_pos: bool = True) -> tuple[float, float]:
+    """(layer-tokens, unembedded tokens) of the least work for patches at ``cells`` =
+    [(layer, pos)]: blocks layer..read_layer (all with None), positions pos.., and the
+    unembedding of ``logit_positions`` per patch (-1: every position from pos)."""
+    lt, ut = 0.0, 0.0
+    last = n_layers - 1 if read_layer is None else read_layer
+    for layer, pos in cells:
+        p = pos if per_pos else 0
+        if layer <= last:
+            lt += (last - layer + 1) * (seq_len - p) * batch
+        if logit_positions:
+            ut += batch * ((seq_len - p) if logit_positions < 0 else logit_positions)
+    return lt, ut
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--z-layers", default="0,15,29")
-    ap.add_argument("--resid-layers", default="all")
-    ap.add_argument("--batch-sizes", default="8,16,32,64")
-    ap.add_argument("--sites", default="resid_pre,z", help="which TL comparisons to run")
-    ap.add_argument("--sweep-layers", default="all",
-                    help="layers of the batch-size, speed-idea and sink sweeps")
+    ap.add_argument("--p0-blocks", type=int, default=4)
+    ap.add_argument("--p0-n", type=int, default=8)
+    ap.add_argument("--p0-seq-len", type=int, default=16)
+    ap.add_argument("--ideas", action="store_true", help="also time each speed idea alone")
     args = ap.parse_args()
     torch.set_grad_enabled(False)
     model = load_model(args.model, device="cpu")
-    n_layers = model.cfg.n_layers
+    n_layers = int(model.cfg.n_layers)
     clean = to_tokens(model, CLEAN, prepend_bos=True)
     corrupted = to_tokens(model, CORRUPTED, prepend_bos=True)
+    seq_len = clean.shape[1]
     tok = model.tokenizer
     john, mary = tok(" John")["input_ids"][0], tok(" Mary")["input_ids"][0]
 
     def metric(logits):
         return logits[0, -1, john] - logits[0, -1, mary]
 
-    resid_layers = list(range(n_layers)) if args.resid_layers == "all" else [
-        int(x) for x in args.resid_layers.split(",")]
     z_layers = [int(x) for x in args.z_layers.split(",")]
-    sweep_layers = list(range(n_layers)) if args.sweep_layers == "all" else [
-        int(x) for x in args.sweep_layers.split(",")]
-    sweep_site = parse_site("resid_pre", layers=sweep_layers)
-    print(f"model {args.model}: {n_layers} layers, prompt {clean.shape[1]} tokens, "
-          f"torch threads {torch.get_num_threads()}")
+    all_layers = list(range(n_layers))
+    mid = n_layers // 2
+    print(f"model {args.model}: {n_layers} layers, prompt {seq_len} tokens, torch threads "
+          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
     _, cache = model.run_with_cache(clean)
     model(corrupted)  # warm-up
+    lt_s, ut_s = throughput(model, seq_len)
+    print(f"throughput: {lt_s:,.0f} layer-tokens/s (blocks), {ut_s:,.0f} tokens/s (unembedding)")
 
     rows = []
-    for label, site, fn, layers in [
-        ("resid_pre by pos", "resid_pre", tlp.get_act_patch_resid_pre, resid_layers),
-        ("head z by pos", "z", tlp.get_act_patch_attn_head_out_by_pos, z_layers),
-    ]:
-        if site not in args.sites.split(","):
-            continue
-        ref, t_tl = timed(lambda fn=fn, layers=layers: tl_cells(
-            model, fn, corrupted, cache, metric, layers))
-        res, t_ms = timed(lambda site=site, layers=layers: activation_patch(
-            model, clean, corrupted, parse_site(site, layers=layers), metric))
+    cells = [(lay, p) for lay in all_layers for p in range(seq_len)]
+    z_cells = [(lay, p) for lay in z_layers for p in range(seq_len)
+               for _ in range(int(model.cfg.n_heads))]
+    sweeps = [
+        ("resid_pre x pos, LogitDiff", "resid_pre", all_layers, LogitDiff(john, mary),
+         tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
+                                                 logit_positions=1)),
+        ("resid_pre x pos, logit callable", "resid_pre", all_layers, metric,
+         tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
+                                                 logit_positions=-1)),
+        (f"z x pos x head (layers {args.z_layers}), LogitDiff", "z", z_layers,
+         LogitDiff(john, mary), tlp.get_act_patch_attn_head_out_by_pos,
+         least_work(z_cells, n_layers, seq_len, 1, read_layer=None, logit_positions=1)),
+        (f"resid_pre x pos, SinkScore({mid})", "resid_pre", all_layers, SinkScore(mid), None,
+         least_work(cells, n_layers, seq_len, 1, read_layer=mid, logit_positions=0)),
+    ]
+    for label, site, layers, m, fn, (lt, ut) in sweeps:
+        res, t_ms = timed(lambda site=site, layers=layers, m=m: activation_patch(
+            model, clean, corrupted, parse_site(site, layers=layers), m))
+        if fn is not None:
+            ref, t_tl = timed(lambda fn=fn, layers=layers: tl_cells(
+                model, fn, corrupted, cache, metric, layers))
+        else:  # TransformerLens has no sink metric: its loop with the same hook, one forward each
+            def loop():
+                out = torch.zeros(n_layers, seq_len)
+                name = act_name("pattern", mid)
+                for layer, pos in cells:
+                    src = cache[act_name("resid_pre", layer)]
+
+                    def hook(act, hook, pos=pos, src=src):
+                        act[:, pos] = src[:, pos]
+                        return act
+
+                    with model.hooks(fwd_hooks=[(act_name("resid_pre", layer), hook)]):
+                        _, c = model.run_with_cache(corrupted, names_filter=name)
+                    out[layer, pos] = c[name][:, :, :, 0].mean()
+                return out
+
+            ref, t_tl = timed(loop)
         diff = (res.values - ref.double()).abs().max().item()
-        rows.append((label, ref.numel(), t_tl, t_ms, t_tl / t_ms, diff))
-        print(f"  {label}: TL {t_tl:.1f}s  mechsink {t_ms:.2f}s  ratio {t_tl / t_ms:.1f}x  "
-              f"max|diff| {diff:.1e}", flush=True)
+        best = lt / lt_s + ut / ut_s
+        rows.append((label, res.values.numel(), t_tl, t_ms, best, diff))
+        print(f"  {label}: TL {t_tl:.1f}s mechsink {t_ms:.2f}s least work {best:.2f}s "
+              f"efficiency {best / t_ms:.2f} max|diff| {diff:.1e}", flush=True)
 
-    print("\n| site | patches | TransformerLens (s) | mechsink (s) | ratio | max abs diff |")
-    print("|---|---|---|---|---|---|")
-    for label, n, a, b, r, d in rows:
-        print(f"| {label} | {n} | {a:.1f} | {b:.2f} | {r:.1f}x | {d:.1e} |")
+    # --- the P0-sink path patches ---
+    from mechsink.prompts import make_prompts
+    from mechsink.readout import dominant_super_neuron
 
-    # --- batch size tuning (resid_pre by pos, logit-diff metric reading only the last pos) ---
-    print("\nbatch size (resid_pre by pos, LogitDiff):")
-    ld = LogitDiff(john, mary)
-    for bs in [int(x) for x in args.batch_sizes.split(",")]:
-        _, t = timed(lambda bs=bs: activation_patch(model, clean, corrupted, sweep_site, ld,
-                                                    batch_size=bs))
-        print(f"  batch {bs:3d}: {t:.2f}s")
+    tokens = make_prompts(model, "natural", "bos", n=args.p0_n, seq_len=args.p0_seq_len).tokens
+    sn = dominant_super_neuron(model, tokens)
+    sn_layer, channel = int(sn["layer"]), int(sn["channel"])
+    blocks = min(max(sn_layer + 1, args.p0_blocks), n_layers)
+    comps = [f"L{lay}H{h}@0" for lay in range(blocks) for h in range(int(model.cfg.n_heads))]
+    comps += [f"MLP{lay}@0" for lay in range(blocks)] + [f"L{sn_layer}N{sn['neuron']}@0"]
+    targets = sorted({min(sn_layer + k, n_layers - 1) for k in (2, 4, 6)})
+    while len(targets) < 3:
+        targets.append(targets[-1])
+    sink = (1 / 3) * (SinkScore(targets[0]) + SinkScore(targets[1]) + SinkScore(targets[2]))
+    channel_metric = MassiveValue(sn_layer, 0, channel)
 
-    # --- what each idea buys (resid_pre by pos, all layers) ---
-    mid = n_layers // 2
-    sink = SinkScore(mid)
-    for label, m in [("TL-style logit metric", metric), ("LogitDiff (last position only)", ld),
-                     (f"SinkScore({mid})", sink)]:
-        print(f"\nspeed ideas (resid_pre by pos, {label}):")
-        base = None
-        for name, start, stop in [("batching only", False, False),
-                                  ("+ start at patched layer", True, False),
-                                  ("+ early stop / few-position unembed", True, True)]:
-            activation.SPEEDUPS.update(start_at_patched_layer=start, early_stop=stop)
-            res, t = timed(lambda m=m: activation_patch(model, clean, corrupted, sweep_site, m))
-            base = res.values if base is None else base
-            print(f"  {name:38s} {t:.2f}s  (max diff to first "
-                  f"{(res.values - base).abs().max():.1e})", flush=True)
-        activation.SPEEDUPS.update(start_at_patched_layer=True, early_stop=True)
+    def p0():
+        a = path_patch(model, tokens, None, comps, [f"MLP{sn_layer}"], [channel_metric, sink],
+                       ablation="position_mean", batch_size=None)
+        b = path_patch(model, tokens, None, comps, ["metric"], sink, ablation="position_mean",
+                       batch_size=None)
+        return a, b
 
-    # --- sink-metric sweep vs a plain hook loop (one full forward per patch) ---
-    print(f"\nsink-metric sweep (resid_pre by pos, layers {args.sweep_layers}, "
-          f"SinkScore({mid})):")
-    res, t_ms = timed(lambda: activation_patch(model, clean, corrupted, sweep_site, sink))
+    _, t_p0 = timed(p0)
+    b0, t = tokens.shape
+    lt = 0
+    for c in comps:
+        comp = parse_component(c)
+        f = 0 if comp.kind == "embed" else comp.layer
+        to_mlp = (sn_layer - f + 1) + (targets[-1] - sn_layer + 1) if f <= sn_layer else 0
+        lt += (to_mlp + targets[-1] - f + 1) * t * b0
+    best = lt / lt_s
+    rows.append((f"P0-sink path patches ({len(comps)} senders, {b0}x{t} tokens)",
+                 len(comps) * 3, float("nan"), t_p0, best, float("nan")))
+    print(f"  P0-sink: mechsink {t_p0:.2f}s least work {best:.2f}s efficiency {best / t_p0:.2f}")
 
-    def loop():
-        out = torch.zeros(len(sweep_layers), clean.shape[1])
-        name = f"blocks.{mid}.attn.hook_pattern"
-        for (i, layer), pos in itertools.product(enumerate(sweep_layers), range(clean.shape[1])):
-            src = cache[f"blocks.{layer}.hook_resid_pre"]
+    print("\n| sweep | patches | TransformerLens (s) | mechsink (s) | ratio | least work (s) | "
+          "efficiency | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, n, a, b, best, d in rows:
+        tl = "n/a" if a != a else f"{a:.1f}"
+        ratio = "n/a" if a != a else f"{a / b:.1f}x"
+        dd = "n/a" if d != d else f"{d:.1e}"
+        print(f"| {label} | {n} | {tl} | {b:.2f} | {ratio} | {best:.2f} | {best / b:.2f} | {dd} |")
+    print(f"load average at end {os.getloadavg()[0]:.1f}")
 
-            def hook(act, hook, pos=pos, src=src):
-                act[:, pos] = src[:, pos]
-                return act
-
-            with model.hooks(fwd_hooks=[(f"blocks.{layer}.hook_resid_pre", hook)]):
-                _, c = model.run_with_cache(corrupted, names_filter=name)
-            out[i, pos] = c[name][:, :, :, 0].mean()
-        return out
-
-    ref, t_loop = timed(loop)
-    print(f"| sink-metric resid_pre by pos | {ref.numel()} | {t_loop:.1f} (hook loop) | "
-          f"{t_ms:.2f} | {t_loop / t_ms:.1f}x | {(res.values - ref.double()).abs().max():.1e} |")
+    if args.ideas:
+        print("\nspeed ideas (resid_pre x pos, LogitDiff), each switched off alone:")
+        for idea in engine.SPEEDUPS:
+            engine.SPEEDUPS[idea] = False
+            _, t = timed(lambda: activation_patch(model, clean, corrupted, "resid_pre",
+                                                  LogitDiff(john, mary)))
+            engine.SPEEDUPS[idea] = True
+            print(f"  without {idea}: {t:.2f}s")
 
 
 if __name__ == "__main__":
