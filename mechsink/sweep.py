@@ -1,0 +1,768 @@
+"""Sweeps: one job (census, timeline point, activation patching, an experiment) over many models,
+checkpoints or prompt pairs, split into shards, run locally or on Ray, merged into one result.
+
+A sweep is a TOML spec (see ``docs/sweep.md``)::
+
+    models = ["random:gpt2-tiny", {name = "random:gpt2-mini", seed = 1}, "organism:bb-gpt2-tiny"]
+    training_runs = ["runs/a"]     # every checkpoint (step-N) of each training run folder
+    jobs = ["census"]              # census | timeline | patch | experiment
+    threads = 1                    # torch threads per shard (fixed, so results are bit-equal)
+
+    [census]
+    n = 4
+    seq_len = 32
+
+Each shard (one model; for ``patch``, one model x a slice of prompt pairs) is written atomically
+to ``OUT/shards/<id>.json``; a rerun skips the shards already written, so a killed sweep resumes.
+A shard that raises is recorded in ``OUT/summary.json`` and the others go on. The merged results
+(``OUT/<job>/...``, JSON with sorted keys) depend only on the spec: they are byte-identical
+whether the shards ran in this process, on Ray workers, or over several resumed runs. Timings,
+hosts and failures live in ``summary.json`` only.
+
+With Ray (``ray=True``), each worker is an actor that keeps one loaded model, and the driver hands
+a worker the shards of one model in a row. Every node loads models from its own
+``$MECHSINK_CACHE``: share that folder between nodes or fill it on each node beforehand (load
+each model once there); a worker that finds a zoo model missing fails that shard saying so.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mechsink.errors import BadInputError, MechsinkError, MissingDependencyError
+from mechsink.io import atomic_write_json, atomic_write_text
+
+SUMMARY_SCHEMA = "mechsink-sweep-summary/1"
+MERGED_SCHEMA = "mechsink-sweep/1"
+JOBS = ("census", "timeline", "patch", "experiment")
+TOP_KEYS = {"models": list, "training_runs": list, "jobs": list, "device": str, "threads": int}
+
+# Per job: setting -> (accepted types, default). None as default: required.
+_NUM = (int, float)
+SETTINGS: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
+    "census": {"suites": ((list,), ["natural", "random", "repeated"]),
+               "variants": ((list,), ["bos"]), "n": ((int,), 8), "seq_len": ((int,), 64),
+               "seed": ((int,), 0), "eps": (_NUM, 0.3), "batch_size": ((int,), 8)},
+    "timeline": {"suite": ((str,), "natural"), "variant": ((str,), "nobos"), "n": ((int,), 8),
+                 "seq_len": ((int,), 64), "seed": ((int,), 0), "eps": (_NUM, 0.3)},
+    "patch": {"pairs": ((str,), None), "site": ((str,), "resid_pre"),
+              "metric": ((str,), "logit_diff"), "layers": ((list,), None),
+              "direction": ((str,), "denoise"), "normalize": ((bool,), False),
+              "prepend_bos": ((bool,), True), "pairs_per_shard": ((int,), 8)},
+    "experiment": {"name": ((str,), None), "settings": ((dict,), {})},
+}
+_OPTIONAL = {("patch", "layers")}
+
+
+# --- the spec ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model of the sweep: ``label`` as the spec writes it, ``load`` what the zoo loads."""
+
+    label: str
+    load: str
+    seed: int | None = None
+    meta: tuple[tuple[str, Any], ...] = ()  # step and loss of a training checkpoint
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "load": self.load, "seed": self.seed, "meta": dict(self.meta)}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A parsed, checked sweep spec."""
+
+    path: Path
+    models: tuple[ModelRef, ...]
+    jobs: tuple[str, ...]
+    settings: dict[str, dict[str, Any]]
+    device: str
+    threads: int
+    pairs: tuple[tuple[str, str], ...] = ()
+
+
+def _line(text: str, table: str | None, key: str | None = None, value: str | None = None) -> int:
+    """The 1-based line of ``key`` (or of the string ``value``) inside ``[table]`` of TOML
+    ``text`` (tomllib gives no positions); 1 when not found."""
+    current: str | None = None
+    key_line = None
+    for i, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0] if '"' not in raw and "'" not in raw else raw
+        head = re.match(r"\s*\[+\s*([^\]]+?)\s*\]+\s*(#.*)?$", line)
+        if head:
+            current = head.group(1)
+            continue
+        if current != table:
+            continue
+        if value is not None and (f'"{value}"' in line or f"'{value}'" in line):
+            return i
+        if key is not None and key_line is None and re.match(rf"\s*\"?{re.escape(key)}\"?\s*=",
+                                                             line):
+            key_line = i
+            if value is None:
+                return i
+    return key_line or 1
+
+
+def _where(spec: Path, text: str, table: str | None, key: str | None = None,
+           value: str | None = None) -> str:
+    return f"{spec}, line {_line(text, table, key, value)}"
+
+
+def _check_model_name(name: str, base: Path) -> str:
+    """The name the zoo loads for ``name`` (folders resolved against the spec's folder);
+    a :class:`BadInputError` (its message) when the zoo cannot know it."""
+    from mechsink.zoo import NAMED_MODELS, organism_folder, random_config
+
+    if name in NAMED_MODELS:
+        return name
+    prefix, _, rest = name.partition(":")
+    if prefix == "random" and rest:
+        random_config(rest)  # raises UnknownModelError for a bad family or size
+        return name
+    if prefix == "organism" and rest:
+        folder = Path(rest) if Path(rest).is_absolute() else base / rest
+        if not folder.exists():
+            folder = organism_folder(rest)  # a bundled organism's name
+        if not (folder / "config.json").is_file():
+            raise BadInputError(f"organism folder {rest!r} not found (looked in {folder})")
+        return f"organism:{folder.resolve()}"
+    raise BadInputError(f"unknown model {name!r}: give a zoo name ({', '.join(NAMED_MODELS)}), "
+                        "random:gpt2-<size>, random:llama-<size> or organism:<folder>")
+
+
+def _checkpoints(run: Path) -> list[tuple[int, float | None]]:
+    data = json.loads((run / "run.json").read_text(encoding="utf-8"))
+    losses = data.get("losses", [])
+    return [(int(s), losses[s - 1] if 0 < s <= len(losses) else None)
+            for s in data["checkpoints"] if (run / f"step-{s}").is_dir()]
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Parse and check a sweep spec before any work: an unknown model, job or setting, or a
+    value of the wrong type, is a :class:`BadInputError` naming the spec's line."""
+    spec = Path(path)
+    if not spec.is_file():
+        raise BadInputError(f"sweep spec {spec} not found: give the path of a TOML file.")
+    text = spec.read_text(encoding="utf-8")
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInputError(f"{spec} is not valid TOML: {exc}") from None
+    base = spec.parent.resolve()
+    for key, value in raw.items():
+        if key in JOBS:
+            continue
+        if key not in TOP_KEYS:
+            raise BadInputError(f"{_where(spec, text, None, key)}: unknown setting {key!r}; a "
+                                f"spec has {', '.join(TOP_KEYS)} and the tables "
+                                f"[{'], ['.join(JOBS)}].")
+        if not isinstance(value, TOP_KEYS[key]) or isinstance(value, bool):
+            raise BadInputError(f"{_where(spec, text, None, key)}: {key} must be a "
+                                f"{TOP_KEYS[key].__name__}, got {value!r}.")
+    jobs = raw.get("jobs", [])
+    if not jobs:
+        raise BadInputError(f"{_where(spec, text, None, 'jobs')}: give jobs = [...], one or more "
+                            f"of {', '.join(JOBS)}.")
+    for job in jobs:
+        if job not in JOBS:
+            raise BadInputError(f"{_where(spec, text, None, 'jobs', str(job))}: unknown job "
+                                f"{job!r}: choose from {', '.join(JOBS)}.")
+    settings: dict[str, dict[str, Any]] = {}
+    for job in JOBS:
+        given = raw.get(job, {})
+        if not isinstance(given, dict):
+            raise BadInputError(f"{_where(spec, text, None, job)}: {job} must be a table [{job}].")
+        if given and job not in jobs:
+            raise BadInputError(f"{_where(spec, text, job, next(iter(given)))}: settings for "
+                                f"job {job!r}, which jobs = [...] does not list.")
+        known = SETTINGS[job]
+        out = {}
+        for key, value in given.items():
+            if key not in known:
+                raise BadInputError(f"{_where(spec, text, job, key)}: unknown setting {key!r} in "
+                                    f"[{job}]: known are {', '.join(known)}.")
+            types = known[key][0]
+            if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+                raise BadInputError(f"{_where(spec, text, job, key)}: [{job}] {key} must be "
+                                    f"{' or '.join(t.__name__ for t in types)}, got {value!r}.")
+            out[key] = value
+        for key, (_, default) in known.items():
+            if key not in out:
+                if default is None and (job, key) not in _OPTIONAL and job in jobs:
+                    raise BadInputError(f"{_where(spec, text, job)}: [{job}] needs {key} = ...")
+                out[key] = default
+        settings[job] = out
+    pairs: tuple[tuple[str, str], ...] = ()
+    if "patch" in jobs:
+        pairs = _read_pairs(spec, text, base / settings["patch"]["pairs"])
+        if settings["patch"]["pairs_per_shard"] < 1:
+            raise BadInputError(f"{_where(spec, text, 'patch', 'pairs_per_shard')}: "
+                                "pairs_per_shard must be positive.")
+    if "experiment" in jobs:
+        _check_experiment(spec, text, settings["experiment"])
+    models = _models(spec, text, raw, base)
+    if not models and not ("experiment" in jobs and _experiment_without_model(settings)):
+        raise BadInputError(f"{_where(spec, text, None, 'models')}: no models: give models = "
+                            "[...] or training_runs = [...].")
+    threads = raw.get("threads", 1)
+    if threads < 1:
+        raise BadInputError(f"{_where(spec, text, None, 'threads')}: threads must be positive.")
+    return Spec(spec, tuple(models), tuple(jobs), settings, raw.get("device", "cpu"), threads,
+                pairs)
+
+
+def _models(spec: Path, text: str, raw: dict[str, Any], base: Path) -> list[ModelRef]:
+    models: list[ModelRef] = []
+    for entry in raw.get("models", []):
+        name, seed = entry, None
+        if isinstance(entry, dict):
+            extra = set(entry) - {"name", "seed"}
+            if "name" not in entry or extra:
+                raise BadInputError(f"{_where(spec, text, None, 'models')}: a model table takes "
+                                    f"name and seed, got {sorted(entry)}.")
+            name, seed = entry["name"], entry.get("seed")
+        if not isinstance(name, str) or (seed is not None and not isinstance(seed, int)):
+            raise BadInputError(f"{_where(spec, text, None, 'models')}: a model is a name or "
+                                f"{{name = ..., seed = N}}, got {entry!r}.")
+        if seed is not None and not name.startswith("random:"):
+            raise BadInputError(f"{_where(spec, text, None, 'models', name)}: seed only applies "
+                                f"to random:... models, not {name!r}.")
+        try:
+            load = _check_model_name(name, base)
+        except MechsinkError as exc:
+            raise BadInputError(f"{_where(spec, text, None, 'models', name)}: {exc}") from None
+        label = name if seed is None else f"{name}@seed{seed}"
+        models.append(ModelRef(label, load, seed))
+    for run in raw.get("training_runs", []):
+        folder = Path(run) if Path(run).is_absolute() else base / str(run)
+        if not (folder / "run.json").is_file():
+            raise BadInputError(f"{_where(spec, text, None, 'training_runs', str(run))}: "
+                                f"{folder} holds no run.json: give a training run folder.")
+        for step, loss in _checkpoints(folder):
+            models.append(ModelRef(f"{run}/step-{step}", f"organism:{folder / f'step-{step}'}",
+                                   None, (("loss", loss), ("run", str(run)), ("step", step))))
+    labels = [m.label for m in models]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise BadInputError(f"{_where(spec, text, None, 'models', label)}: model {label!r} "
+                                "is listed twice.")
+    return models
+
+
+def _read_pairs(spec: Path, text: str, path: Path) -> tuple[tuple[str, str], ...]:
+    """Prompt pairs from a JSON-lines file: one ``{"clean": ..., "corrupted": ...}`` a line."""
+    where = _where(spec, text, "patch", "pairs")
+    if not path.is_file():
+        raise BadInputError(f"{where}: prompt-pair file {path} not found.")
+    pairs = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            pairs.append((str(item["clean"]), str(item["corrupted"])))
+        except (ValueError, KeyError, TypeError):
+            raise BadInputError(f"{path}, line {i}: want a JSON object with \"clean\" and "
+                                f"\"corrupted\" strings (named at {where}).") from None
+    if not pairs:
+        raise BadInputError(f"{where}: {path} holds no prompt pairs.")
+    return tuple(pairs)
+
+
+def _check_experiment(spec: Path, text: str, settings: dict[str, Any]) -> None:
+    from mechsink.experiments import get_experiment
+
+    try:
+        experiment = get_experiment(settings["name"])
+    except MechsinkError as exc:
+        raise BadInputError(f"{_where(spec, text, 'experiment', 'name')}: {exc}") from None
+    known = experiment.settings()
+    for key in settings["settings"]:
+        if key not in known or key in ("model_name", "work_dir"):
+            raise BadInputError(
+                f"{_where(spec, text, 'experiment.settings', key)}: experiment {experiment.name} "
+                f"has no setting {key!r}: its settings are "
+                f"{', '.join(k for k in known if k not in ('model_name', 'work_dir'))}.")
+
+
+def _experiment_without_model(settings: dict[str, dict[str, Any]]) -> bool:
+    from mechsink.experiments import get_experiment
+
+    return not get_experiment(settings["experiment"]["name"]).needs_model
+
+
+# --- shards ------------------------------------------------------------------------------------
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[-60:] or "model"
+
+
+def make_shards(spec: Spec) -> list[dict[str, Any]]:
+    """Every shard of the sweep, in merge order. A shard is a plain dict (it travels to Ray
+    workers): ``id`` (stable for the same spec), ``job``, ``model``, ``settings``."""
+    shards = []
+    for job in spec.jobs:
+        settings = spec.settings[job]
+        models: Sequence[ModelRef | None] = spec.models
+        if job == "experiment" and _experiment_without_model(spec.settings):
+            models = [None]
+        for model in models:
+            parts: list[dict[str, Any]] = [dict(settings)]
+            if job == "patch":
+                size = settings["pairs_per_shard"]
+                parts = [dict(settings, first=i, pair_list=[list(p) for p in
+                                                            spec.pairs[i:i + size]])
+                         for i in range(0, len(spec.pairs), size)]
+            for part in parts:
+                shard = {"job": job, "model": None if model is None else model.to_dict(),
+                         "settings": part, "device": spec.device, "threads": spec.threads}
+                digest = hashlib.sha256(json.dumps(shard, sort_keys=True).encode()).hexdigest()
+                name = "none" if model is None else _slug(model.label)
+                suffix = f"-pairs{part['first']:05d}" if job == "patch" else ""
+                shard["id"] = f"{job}--{name}{suffix}--{digest[:10]}"
+                shards.append(shard)
+    return shards
+
+
+class ShardWorker:
+    """Runs shards one at a time, keeping the last loaded model (a Ray actor, or in-process).
+
+    ``remote=True`` (a Ray worker): a zoo model missing from this node's cache is an error
+    saying so, instead of a conversion on the node.
+    """
+
+    def __init__(self, remote: bool = False, name: str = "local") -> None:
+        self.remote = remote
+        self.name = name
+        self._key: tuple[str, int | None, str] | None = None
+        self._model: Any = None
+
+    def model(self, ref: dict[str, Any], device: str) -> Any:
+        """The model of ``ref``, loaded once per run of shards of the same model."""
+        key = (ref["load"], ref["seed"], device)
+        if key != self._key:
+            self._model = self._key = None  # free the old model first
+            self._check_available(ref["load"])
+            from mechsink.zoo import load_model
+
+            self._model = load_model(ref["load"], device=device, seed=ref["seed"])
+            self._key = key
+        return self._model
+
+    def _check_available(self, load: str) -> None:
+        from mechsink.assets import cache_dir
+        from mechsink.zoo import NAMED_MODELS
+
+        host = socket.gethostname()
+        if load.startswith("organism:") and not Path(load.partition(":")[2]).exists():
+            raise MechsinkError(f"organism folder {load.partition(':')[2]} does not exist on "
+                                f"{host}: put it on a filesystem every node shares.")
+        if self.remote and load in NAMED_MODELS and not NAMED_MODELS[load].is_cached():
+            raise MechsinkError(
+                f"{load} is not in the model cache {cache_dir()} (MECHSINK_CACHE) on {host}: "
+                "share that folder between the nodes, or fill it on each node first "
+                f"(python -c \"import mechsink; mechsink.load_model('{load}')\").")
+
+    def run(self, shard: dict[str, Any]) -> dict[str, Any]:
+        """Run one shard; never raises: a failure comes back as ``status: failed``."""
+        import torch
+
+        start = time.perf_counter()
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "worker": self.name}
+        threads = torch.get_num_threads()
+        try:
+            torch.set_num_threads(shard["threads"])
+            result = _JOB_RUNNERS[shard["job"]](self, shard)
+            # a JSON round trip: what a resumed sweep reads back is what this run merges
+            result = json.loads(json.dumps(result, sort_keys=True, allow_nan=False))
+            return {"status": "ok", "result": result, **info,
+                    "seconds": time.perf_counter() - start}
+        except Exception as exc:  # a shard's failure is data for the summary
+            return {"status": "failed", "error": f"{type(exc).__name__}: {exc}", **info,
+                    "seconds": time.perf_counter() - start}
+        finally:
+            torch.set_num_threads(threads)
+
+
+def _run_census(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+    from mechsink.census import census
+
+    s = shard["settings"]
+    model = worker.model(shard["model"], shard["device"])
+    c = census(model, s["suites"], s["variants"], n=s["n"], seq_len=s["seq_len"], eps=s["eps"],
+               seed=s["seed"], batch_size=s["batch_size"], model_name=shard["model"]["label"])
+    return c.to_dict()
+
+
+def _run_timeline(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+    from mechsink.prompts import make_prompts
+    from mechsink.timeline import measure_checkpoint
+
+    s = shard["settings"]
+    model = worker.model(shard["model"], shard["device"])
+    tokens = make_prompts(model, s["suite"], s["variant"], n=s["n"], seq_len=s["seq_len"],
+                          seed=s["seed"]).tokens
+    return measure_checkpoint(model, tokens, s["eps"])
+
+
+def _run_patch(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+    from mechsink.bridge import to_tokens
+    from mechsink.patching import activation_patch, parse_metric, parse_site
+
+    s = shard["settings"]
+    model = worker.model(shard["model"], shard["device"])
+    results = []
+    for clean, corrupted in s["pair_list"]:
+        c = to_tokens(model, clean, prepend_bos=s["prepend_bos"])
+        x = to_tokens(model, corrupted, prepend_bos=s["prepend_bos"])
+        layers = None if s["layers"] is None else tuple(s["layers"])
+        site = parse_site(s["site"], layers=layers)
+        metric = parse_metric(s["metric"], model, c, x)
+        r = activation_patch(model, c, x, site, metric, direction=s["direction"],
+                             normalize=s["normalize"], prepend_bos=s["prepend_bos"])
+        results.append(r.to_dict())
+    return {"first": s["first"], "pairs": results}
+
+
+def _run_experiment(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+    from mechsink.experiments import get_experiment
+
+    s = shard["settings"]
+    experiment = get_experiment(s["name"])
+    if shard["model"] is None:
+        return experiment.run(**s["settings"]).data
+    model = worker.model(shard["model"], shard["device"])
+    return experiment.run(model, model_name=shard["model"]["label"], **s["settings"]).data
+
+
+_JOB_RUNNERS: dict[str, Callable[[ShardWorker, dict[str, Any]], dict[str, Any]]] = {
+    "census": _run_census, "timeline": _run_timeline, "patch": _run_patch,
+    "experiment": _run_experiment,
+}
+
+
+# --- running -----------------------------------------------------------------------------------
+
+
+def _by_model(shards: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Shards grouped by the model they load (first-seen order), so a worker loads each once."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for shard in shards:
+        key = json.dumps(shard["model"], sort_keys=True)
+        groups.setdefault(key, []).append(shard)
+    return list(groups.values())
+
+
+Record = Callable[[dict[str, Any], dict[str, Any]], None]
+
+
+def _run_local(todo: list[dict[str, Any]], record: Record, limit: int | None) -> None:
+    worker = ShardWorker()
+    ran = 0
+    for group in _by_model(todo):
+        for shard in group:
+            if limit is not None and ran >= limit:
+                return
+            record(shard, worker.run(shard))
+            ran += 1
+
+
+def _run_ray(todo: list[dict[str, Any]], record: Record, limit: int | None, workers: int,
+             address: str | None) -> str:
+    """Run ``todo`` on Ray actors (one model kept in each); returns where it ran."""
+    try:
+        import ray
+    except ImportError:
+        raise MissingDependencyError("--ray needs the ray package: pip install "
+                                     "'mechsink[ray]'.") from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        if address:
+            ray.init(address=address, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+    where = f"ray {address}" if address else f"local ray, {workers} workers"
+    try:
+        actor = ray.remote(num_cpus=1)(ShardWorker)
+        actors = [actor.remote(remote=True, name=f"ray-{i}") for i in range(workers)]
+        groups = deque(_by_model(todo))
+        queues: list[deque[dict[str, Any]]] = [deque() for _ in actors]
+        inflight: dict[Any, tuple[int, dict[str, Any]]] = {}
+        submitted = 0
+
+        def submit(i: int) -> None:
+            nonlocal submitted
+            if limit is not None and submitted >= limit:
+                return
+            if not queues[i]:
+                if not groups:
+                    return
+                queues[i] = deque(groups.popleft())
+            shard = queues[i].popleft()
+            inflight[actors[i].run.remote(shard)] = (i, shard)
+            submitted += 1
+
+        for i in range(len(actors)):
+            submit(i)
+        while inflight:
+            (ref,), _ = ray.wait(list(inflight), num_returns=1)
+            i, shard = inflight.pop(ref)
+            try:
+                outcome = ray.get(ref)
+            except Exception as exc:  # the actor died (out of memory, node lost)
+                outcome = {"status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                           "host": None, "pid": None, "worker": f"ray-{i}", "seconds": None}
+            record(shard, outcome)
+            submit(i)
+    finally:
+        if started_here:
+            ray.shutdown()
+    return where
+
+
+def shard_path(out: Path, shard: dict[str, Any]) -> Path:
+    return out / "shards" / f"{shard['id']}.json"
+
+
+def _read_shard(out: Path, shard: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished shard's file, or None (missing, unreadable, or written for another spec)."""
+    path = shard_path(out, shard)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    same = json.dumps(data.get("shard"), sort_keys=True) == json.dumps(shard, sort_keys=True)
+    return data if same else None
+
+
+def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
+              ray_address: str | None = None, workers: int = 2,
+              max_shards: int | None = None) -> dict[str, Any]:
+    """Run the sweep of ``spec_path`` into ``out`` and merge; returns the summary.
+
+    Shards already in ``out/shards`` are skipped; ``max_shards`` stops after that many shards
+    ran (the merge then holds what is done so far). ``ray``: on Ray (a local instance of
+    ``workers`` CPUs, or the cluster at ``ray_address``).
+    """
+    from mechsink.io import check_writable, folder_lock
+
+    spec = load_spec(spec_path)
+    if isinstance(workers, bool) or workers < 1:
+        raise BadInputError(f"workers must be a positive integer, got {workers!r}.")
+    if max_shards is not None and max_shards < 0:
+        raise BadInputError(f"max_shards must be 0 or more, got {max_shards}.")
+    folder = check_writable(out)
+    shards = make_shards(spec)
+    start = time.perf_counter()
+    with folder_lock(folder, command=f"mechsink sweep {spec.path}"):
+        (folder / "shards").mkdir(parents=True, exist_ok=True)
+        records: dict[str, dict[str, Any]] = {}
+        todo = []
+        for shard in shards:
+            done = _read_shard(folder, shard)
+            if done is None:
+                todo.append(shard)
+            else:
+                records[shard["id"]] = {"status": "skipped", **done["run"]}
+
+        def record(shard: dict[str, Any], outcome: dict[str, Any]) -> None:
+            run = {k: v for k, v in outcome.items() if k not in ("status", "result")}
+            if outcome["status"] == "ok":
+                atomic_write_json(shard_path(folder, shard), {"shard": shard, "run": run,
+                                                              "result": outcome["result"]},
+                                  sort_keys=True)
+                records[shard["id"]] = {"status": "ran", **run}
+            else:
+                records[shard["id"]] = {"status": "failed", **run}
+
+        if ray and todo:
+            where = _run_ray(todo, record, max_shards, workers, ray_address)
+        else:
+            _run_local(todo, record, max_shards)
+            where = "local process"
+        merged = merge(spec, shards, folder)
+        rows = []
+        for shard in shards:
+            rec = records.get(shard["id"], {"status": "not run"})
+            model = shard["model"]["label"] if shard["model"] else None
+            rows.append({"id": shard["id"], "job": shard["job"], "model": model,
+                         "error": None, **rec})
+        summary = {
+            "schema": SUMMARY_SCHEMA, "spec": str(spec.path), "backend": where,
+            "ray_address": ray_address, "wall_s": time.perf_counter() - start,
+            "ran": sum(r["status"] == "ran" for r in rows),
+            "skipped": sum(r["status"] == "skipped" for r in rows),
+            "failed": sum(r["status"] == "failed" for r in rows),
+            "not_run": sum(r["status"] == "not run" for r in rows),
+            "merged": merged, "shards": rows,
+        }
+        atomic_write_json(folder / "summary.json", summary, sort_keys=True)
+    return summary
+
+
+# --- merging -----------------------------------------------------------------------------------
+
+
+def _json(data: Any) -> str:
+    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def merge(spec: Spec, shards: list[dict[str, Any]], out: Path) -> list[str]:
+    """Merge the finished shards into ``out/<job>/``; returns the files written. Everything
+    written depends on the spec and the shard results only (no timings), in spec order."""
+    written: list[str] = []
+    for job in spec.jobs:
+        mine = [s for s in shards if s["job"] == job]
+        done = [(s, d["result"]) for s in mine if (d := _read_shard(out, s)) is not None]
+        missing = sorted({s["model"]["label"] if s["model"] else s["id"] for s in mine
+                          if _read_shard(out, s) is None})
+        folder = out / job
+        folder.mkdir(parents=True, exist_ok=True)
+        files = _MERGERS[job](spec, done, missing, folder)
+        written += [str(p.relative_to(out)) for p in files]
+    return written
+
+
+def _merge_census(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
+    from mechsink.census import summary_rows
+
+    models = [{"model": s["model"]["label"], "census": r} for s, r in done]
+    rows = []
+    for entry in models:
+        arch = entry["census"]["architecture"]
+        for row in summary_rows(entry["census"]):
+            rows.append({"model": entry["model"], "run": row["run"],
+                         "sink_rate": row["sink_rate"],
+                         "sink_rate_no_self": row["sink_rate_no_self"],
+                         "massive": row["massive"]["count"],
+                         "massive_at_position_0": row["massive"]["at_position_0"],
+                         "massive_channels": " ".join(map(str, row["massive"]["channels"])),
+                         "super_neurons": len(row["super_neurons"]),
+                         "n_layers": arch.get("n_layers"), "n_heads": arch.get("n_heads")})
+    data = {"schema": MERGED_SCHEMA, "job": "census", "settings": spec.settings["census"],
+            "missing": missing, "table": rows, "models": models}
+    paths = [atomic_write_text(folder / "census.json", _json(data)),
+             atomic_write_text(folder / "census.csv", _csv(rows, list(SWEEP_CENSUS_COLUMNS)))]
+    if rows:
+        paths.append(sink_rate_figure(rows, folder / "sink_rate.png"))
+    return paths
+
+
+SWEEP_CENSUS_COLUMNS = ("model", "run", "sink_rate", "sink_rate_no_self", "massive",
+                        "massive_at_position_0", "massive_channels", "super_neurons",
+                        "n_layers", "n_heads")
+
+
+def sink_rate_figure(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Sink rate per model, one bar per input run (as Gu et al. 2024, "When Attention Sink
+    Emerges in Language Models", draw it); a PNG without timestamps, so equal data give equal
+    bytes."""
+    from matplotlib.figure import Figure
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    value = {(r["model"], r["run"]): r["sink_rate"] for r in rows}
+    fig = Figure(figsize=(max(4.0, 0.9 * len(models) + 2), 3.6))
+    ax = fig.add_subplot()
+    width = 0.8 / len(runs)
+    for j, run in enumerate(runs):
+        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(models))]
+        ax.bar(xs, [100 * value.get((m, run), 0.0) for m in models], width, label=run)
+    ax.set_xticks(range(len(models)), models, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("sink rate (% of heads, key 0)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
+    from mechsink.io import atomic_write_bytes
+
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def _merge_timeline(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
+    columns = ["model", "step", "loss", "sink_rate", "sink_rate_no_self", "max_sink_score",
+               "first_token_norm_ratio", "max_abs_resid"]
+    rows = [{"model": s["model"]["label"], "step": s["model"]["meta"].get("step"),
+             "loss": s["model"]["meta"].get("loss"), **r} for s, r in done]
+    data = {"schema": MERGED_SCHEMA, "job": "timeline", "settings": spec.settings["timeline"],
+            "missing": missing, "points": rows}
+    return [atomic_write_text(folder / "timeline.json", _json(data)),
+            atomic_write_text(folder / "timeline.csv", _csv(rows, columns))]
+
+
+def _merge_patch(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
+    import torch
+
+    per_model: dict[str, list[dict[str, Any]]] = {}
+    for s, r in done:
+        pairs = per_model.setdefault(s["model"]["label"], [])
+        for k, result in enumerate(r["pairs"]):
+            clean, corrupted = s["settings"]["pair_list"][k]
+            pairs.append({"index": r["first"] + k, "clean": clean, "corrupted": corrupted,
+                          "result": result})
+    models = []
+    for label, pairs in per_model.items():
+        pairs.sort(key=lambda p: p["index"])
+        shapes = {json.dumps(torch.tensor(p["result"]["values"]).shape) for p in pairs}
+        mean = None
+        if len(shapes) == 1:
+            mean = torch.tensor([p["result"]["values"] for p in pairs],
+                                dtype=torch.float64).mean(0).tolist()
+        models.append({"model": label, "n_pairs": len(pairs), "mean_values": mean,
+                       "pairs": pairs})
+    data = {"schema": MERGED_SCHEMA, "job": "patch",
+            "settings": {k: v for k, v in spec.settings["patch"].items()},
+            "missing": missing, "models": models}
+    return [atomic_write_text(folder / "patch.json", _json(data))]
+
+
+def _merge_experiment(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
+    from mechsink.experiments import ExperimentResult
+
+    name = spec.settings["experiment"]["name"]
+    paths = []
+    index = []
+    for s, r in done:
+        sub = _slug(s["model"]["label"]) if s["model"] else name
+        ExperimentResult(name, r).save(folder / sub)
+        index.append({"model": s["model"]["label"] if s["model"] else None, "folder": sub})
+        paths.append(folder / sub)
+    data = {"schema": MERGED_SCHEMA, "job": "experiment", "experiment": name,
+            "settings": spec.settings["experiment"]["settings"], "missing": missing,
+            "results": index}
+    paths.append(atomic_write_text(folder / "experiments.json", _json(data)))
+    return paths
+
+
+_MERGERS = {"census": _merge_census, "timeline": _merge_timeline, "patch": _merge_patch,
+            "experiment": _merge_experiment}
