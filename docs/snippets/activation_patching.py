@@ -2,7 +2,8 @@ from pathlib import Path
 
 import mechsink
 from mechsink.bridge import to_tokens
-from mechsink.patching import LogitDiff, PatchResult, activation_patch
+from mechsink.patching import LogitDiff, activation_patch
+from mechsink.viz.patching import heatmap
 
 MODEL = "smollm2-135m"
 OUT = Path("out")
@@ -17,4 +18,4 @@ result = activation_patch(model, clean, corrupted, "resid_pre", metric, normaliz
 print(f"logit diff: clean {result.clean_value:.3f}, corrupted {result.corrupted_value:.3f}")
 print(result.to_frame().sort_values("value", ascending=False).head(5).to_string(index=False))
 result.to_json(OUT / "resid_pre.json")                 # the data; the figure is drawn from it
-PatchResult.from_json(OUT / "resid_pre.json").heatmap().savefig(OUT / "resid_pre.png", dpi=110)
+heatmap(OUT / "resid_pre.json").savefig(OUT / "resid_pre.png", dpi=110)

@@ -201,12 +201,12 @@ def _source(
     return abl.values(act, reference=ref).unsqueeze(0)
 
 
-def _patch_hook(masks: Tensor, src: Tensor, b0: int) -> HookFn:
+def _patch_hook(masks: Tensor, src: Tensor, batch: int) -> HookFn:
     """A hook writing ``src`` where ``masks[i]`` is True into copy ``i`` of a stacked batch."""
     n = masks.shape[0]
 
     def hook(act: Tensor, hook: Any) -> Tensor:
-        view = act.reshape(n, b0, *act.shape[1:])
+        view = act.reshape(n, batch, *act.shape[1:])
         patched = torch.where(masks.unsqueeze(1), src.to(act.dtype), view)
         return write_in_place(act, patched.reshape(act.shape))
 

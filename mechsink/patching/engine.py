@@ -268,7 +268,7 @@ def run_patched(
     (activations and keys/values). Patch hooks then see positions ``p..`` only. ``resid`` is
     one copy (repeated here) or, with ``stacked``, already ``n`` copies (copy-major).
     """
-    b0, seq_len = base.batch, base.seq_len
+    batch, seq_len = base.batch, base.seq_len
     p = first if (first > 0 and base.kv is not None and SPEEDUPS["prefix_reuse"]) else 0
     final = final_resid(model)
     captured: dict[str, Tensor] = {}
@@ -309,7 +309,7 @@ def run_patched(
         logits = torch.cat([_repeat(base.logits[:, :p], n), logits], 1)  # type: ignore[list-item]
     values: list[list[Tensor]] = [[] for _ in metrics]
     for i in range(n):
-        sel = slice(i * b0, (i + 1) * b0)
+        sel = slice(i * batch, (i + 1) * batch)
         out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
                       None if logits is None or needs.logits is None else logits[sel], positions)
         for j, metric in enumerate(metrics):

@@ -17,12 +17,14 @@ massive activation at position 0 the scale there is set by one channel, and a se
 it changes every receiver that reads position 0: the two choices can give different answers,
 and a path that exists only through a norm's scale shows up only under "recomputed".
 
-Ablation instead of a corrupted input (``ablation=``, with ``corrupted=None``): each sender's
-"corrupted" value is ``"zero"``, its ``"mean"`` over the clean batch, or its
-``"position_mean"``: the mean over positions 1.. of the same sequence, i.e. the value an
-ordinary position has. The last one asks "what does this component's *position-0* output do",
-the question of the P0-sink circuit (seeds/004), where no corrupted text makes position 0
-ordinary (the sink does not depend on the first token).
+Ablation instead of a corrupted input (``ablation=``, with ``corrupted=None``; the vocabulary
+of :mod:`mechsink.ablation`): each sender's value is ``"zero"``, its ``"batch_mean"`` over the
+clean batch, ``"resample"`` (sequences of the clean batch) or its ``"position_mean"``: the mean
+over the positions of the same sequence the sender does not cover (``@0``: positions 1..), i.e.
+the value an ordinary position has. The last one asks "what does this component's *position-0*
+output do", the question of the P0-sink circuit (Peng, Li et al. 2026, "How Attention Sinks
+Emerge in Large Language Models: An Interpretability Perspective"), where no corrupted text
+makes position 0 ordinary (the sink does not depend on the first token).
 
 Component names (any number of digits): ``embed``, ``L12H3`` (head), ``MLP12``, ``L12N345``
 (neuron), each optionally ``@POS`` for one position. Receivers: ``L12H3.q`` / ``.k`` / ``.v``
@@ -338,10 +340,10 @@ def _rname(r: Receiver) -> str:
 
 def _recv_hook(r: Receiver) -> str:
     if r.kind in ("q", "k", "v"):
-        return f"blocks.{r.layer}.attn.hook_{r.kind}"
+        return act_name(f"attn.hook_{r.kind}", r.layer)
     if r.kind == "mlp":
-        return f"blocks.{r.layer}.hook_mlp_out"
-    return f"blocks.{r.layer}.hook_resid_pre"
+        return act_name("mlp_out", r.layer)
+    return act_name("resid_pre", r.layer)
 
 
 def _recorder(store: dict[str, Tensor], name: str) -> HookFn:
