@@ -127,6 +127,25 @@ def neuron_set(
                   tuple(int(c) for c in channels))
 
 
+def neuron_sets(
+    model: Any, sets: dict[int, Sequence[int]], *, channels: Sequence[int] = (),
+    positions: Sequence[int] = (0,),
+) -> Target:
+    """Scale several MLPs' neurons at once: ``sets`` maps a block to its neurons (e.g. every
+    complete set that writes a channel, when more than one block builds it)."""
+    if not sets:
+        raise BadInputError("neuron_sets needs at least one block.")
+    parts = [neuron_set(model, lay, units, positions=positions)
+             for lay, units in sorted(sets.items())]
+
+    def edits(f: float) -> list[Intervention]:
+        return [e for p in parts for e in p.edits(f)]
+
+    what = "; ".join(f"MLP {lay}: {list(units)}" for lay, units in sorted(sets.items()))
+    return Target(f"neurons ({what}) at positions {list(positions)}", edits,
+                  tuple(sorted(sets)), tuple(int(c) for c in channels))
+
+
 def _check_channels(model: Any, channels: Sequence[int]) -> list[int]:
     d = int(model.cfg.d_model)
     out = [int(c) for c in channels]
@@ -760,6 +779,7 @@ __all__ = [
     "make_frame",
     "measure",
     "neuron_set",
+    "neuron_sets",
     "summarise",
     "top_direction",
 ]

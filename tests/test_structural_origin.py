@@ -38,14 +38,21 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
     out = tmp_path / "origin"
     subprocess.run([sys.executable, str(ROOT / "circuits" / "structural_origin.py"),
                     "--model", "random:llama-tiny", "--out", str(out), "--n", "4",
-                    "--seq-len", "24", "--positions", "4", "--scales", "0", "1"],
+                    "--seq-len", "24", "--positions", "4", "--doses", "0", "0.5", "1"],
                    check=True, capture_output=True, text=True)
     result = json.loads((out / "result.json").read_text())
-    assert result["schema"] == "mechsink-structural-origin/1"
-    assert [r["scale"] for r in result["dose_response"]] == [0.0, 1.0]
+    assert result["schema"] == "mechsink-structural-origin/2"
+    curve = result["dose_response"]["creating_set"]
+    assert [r["dose"] for r in curve["rows"]] == [0.0, 0.5, 1.0]
+    for row in curve["rows"]:  # every figure carries its interval
+        assert row["sink_rate"]["low"] <= row["sink_rate"]["mean"] <= row["sink_rate"]["high"]
     assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
                                                             "channel planted"}
-    assert set(result["verdicts"]) == {"C1", "C2/C3", "C4"}
+    assert {"C1", "C2", "C3", "C4"} <= set(result["verdicts"])
+    assert all(v["criterion"] for v in result["verdicts"].values())
+    assert [r["condition"] for r in result["surgery"]["rows"]][0] == "clean"
+    summary = (out / "summary.md").read_text()
+    assert "Criterion:" in summary and "| dose |" in summary
     assert set(result["channel_life"]) == {"appears", "amplified", "removed", "peak"}
     assert (out / "structural_origin.png").is_file()
 
@@ -58,7 +65,7 @@ def test_circuit_command_runs_an_experiment_by_name(tmp_path):
     runner = CliRunner()
     ok = runner.invoke(app, ["circuit", "structural_origin", "random:llama-tiny", "--out",
                              str(tmp_path / "o"), "--n", "2", "--seq-len", "16", "--positions",
-                             "4", "--scales", "0", "1"])
+                             "4", "--doses", "0", "1"])
     assert ok.exit_code == 0, ok.output
     assert (tmp_path / "o" / "result.json").is_file()
     assert "Structural origin" in ok.output

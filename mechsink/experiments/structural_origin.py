@@ -4,14 +4,22 @@ self-concentration at position 0 and the value non-mixing it causes).
 
 1. Variance discrepancy: variance over sequences of the attention output per position, and the
    uniform-mixing prediction sum_j A_tj^2 (1 at position 0).
-2. Super neurons: the largest down-projection input at position 0, the channel it writes, and
-   that channel's size layer by layer.
-3. Dose-response: scale the super neuron at position 0 by each factor; watch the channel and the
-   sink at key 0.
-4. Moving the sink to position k: (i) position k attends only to itself in every layer;
+2. Super neurons, complete: the massive channel at position 0, the block that creates it, and
+   every block's complete set (the fewest neurons explaining >= 95% of its MLP's write there;
+   Yu et al. 2024, "The Super Weight in Large Language Models").
+3. Dose-response to saturation (:mod:`mechsink.chain`): the creating block's complete set (and
+   every set that builds the channel, and the top neuron alone) scaled by factors 0..3 at
+   position 0; per dose the channel, the late-layer sink score, Gu et al.'s sink rate and the
+   loss with 95% bootstrap intervals over prompts, and the half-effect dose.
+4. Channel surgery: the channel, or the top direction of position 0's residual, set to its
+   median over later positions after the creating block (one block, or every block on).
+5. Key-logit split of the three strongest sink heads: massive channel, rest, key bias, rotary.
+6. Moving the sink to position k: (i) position k attends only to itself in every layer;
    (ii) token k's residual scaled up to position 0's norm at layer 1; (iii) the massive channel
-   planted at k right after the super neuron's layer (position 0's value). Sink at k and at 0,
+   planted at k right after the creating block (position 0's value). Sink at k and at 0,
    and the channel at k, before and after.
+
+Every verdict is read off a curve or a table and carries its criterion.
 """
 
 from __future__ import annotations
@@ -23,16 +31,17 @@ from typing import Any
 
 import torch
 
+from mechsink import chain
 from mechsink.bridge import act_name
 from mechsink.experiments.result import ExperimentResult
 from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
 from mechsink.measure import variance_stats
 from mechsink.prompts import make_prompts
-from mechsink.readout import dominant_super_neuron, sink_readout
+from mechsink.readout import massive_channel_sets, sink_readout
 
 FIGURE = "structural_origin.png"
 
-SCHEMA = "mechsink-structural-origin/1"
+SCHEMA = "mechsink-structural-origin/2"
 
 
 @torch.no_grad()
@@ -49,21 +58,10 @@ def variance_part(model: Any, n: int, seq_len: int) -> dict:
     return out
 
 
-def dose_response(model, tokens, sn: dict, scales: list[float]) -> list[dict]:
-    rows = []
-    for s in scales:
-        edit = ablate(model, "mlp.hook_post", sn["layer"], mode="scale", scale=s,
-                      units=[sn["neuron"]], positions=[0])
-        r = sink_readout(model, tokens, [edit], key_positions=[0], channel=sn["channel"])
-        rows.append({"scale": s, "sink_rate": r.rates[0], "sink_score": r.mean_score(0),
-                     "channel_max_abs": r.channel_values[0].abs().max().item()})
-    return rows
-
-
 def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
     keys = [0, *positions]
     base = sink_readout(model, tokens, key_positions=keys, channel=sn["channel"])
-    plant_layer = min(sn["layer"] + 1, model.cfg.n_layers - 1)
+    plant_layer = min(sn["layer"] + 1, model.cfg.n_layers - 1)  # after the creating block
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda h: h in (
             act_name("resid_pre", 1), act_name("resid_pre", plant_layer)))
@@ -109,68 +107,277 @@ def channel_life(values: list[float]) -> dict[str, dict]:
             "peak": block(peak)}
 
 
-def verdicts(result: dict) -> dict[str, str]:
-    ratios = result["variance"]["random"]["ratio"]
-    c1, later = ratios[0], statistics.median(ratios[1:])
-    doses = {row["scale"]: row for row in result["dose_response"]}
-    off, on = doses.get(0.0), doses.get(1.0)
-    moved = [r for r in result["move"] if r["sink_at_k_after"] >= max(0.1, 2 * r[
-        "sink_at_k_before"])]
-    out = {"C1": f"{'supported' if c1 > 1 else 'not supported'} at layer 0: "
-                 f"Var(pos 0) / Var(pos > 0) = {c1:.2f} on random input (uniform-mixing "
-                 f"prediction {result['variance']['random']['predicted_ratio'][0]:.2f}); median "
-                 f"over later layers {later:.2f}"}
-    if off and on:
-        drop = 1 - off["channel_max_abs"] / max(on["channel_max_abs"], 1e-9)
-        sink_drop = on["sink_rate"] - off["sink_rate"]
-        ok = drop > 0.9 and sink_drop > 0.1
-        out["C2/C3"] = (f"{'supported' if ok else 'mixed' if drop > 0.9 else 'not supported'}: "
-                        f"zeroing the super neuron shrinks the channel by {drop:.0%} and the sink "
-                        f"rate at key 0 from {on['sink_rate']:.3f} to {off['sink_rate']:.3f}")
-    out["C4"] = (f"{'supported' if moved else 'not supported'}: {len(moved)} of "
-                 f"{len(result['move'])} (k, intervention) pairs at least double the sink at k "
-                 "(to >= 0.1)")
-    return out
+
+# --- the causal chain, measured to saturation (mechsink.chain) -------------------------------
+
+
+def _surgery(model: Any, tokens: Any, channel: int, layer: int, frame: chain.Frame,
+             clean: chain.Readout, batch_size: int) -> list[dict[str, Any]]:
+    """Clean, then the channel and the top direction of position 0 set to their median over
+    later positions, in the input of ``layer`` only and of every block from ``layer`` on."""
+    u = chain.top_direction(model, tokens, layer)
+    conditions = {
+        "clean": [],
+        f"channel {channel}, block {layer} only": chain.channel_surgery(model, [channel], layer),
+        f"channel {channel}, every block from {layer}": chain.channel_surgery(
+            model, [channel], layer, every_layer_from=True),
+        f"top direction of position 0, block {layer} only": chain.direction_surgery(
+            model, u, layer),
+        f"top direction of position 0, every block from {layer}": chain.direction_surgery(
+            model, u, layer, every_layer_from=True),
+    }
+    rows = []
+    for name, edits in conditions.items():
+        r = clean if not edits else chain.measure(model, tokens, edits, channels=[channel],
+                                                  batch_size=batch_size)
+        rows.append({"condition": name, **chain.summarise(r, frame).to_dict()})
+    rows[0]["direction_weight_on_channel"] = float(u[channel])
+    return rows
+
+
+def _strongest_sink_heads(clean: chain.Readout, frame: chain.Frame, k: int = 3) -> list[tuple]:
+    mean = clean.scores.mean(0)
+    late = [(lay, h) for lay, h in frame.sink_heads if lay in frame.late_layers] or list(
+        frame.sink_heads)
+    return sorted(late, key=lambda lh: -float(mean[lh]))[:k]
 
 
 def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int = 64,
         positions: Sequence[int] = (8, 16, 32),
-        scales: Sequence[float] = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0)) -> ExperimentResult:
-    """Measure the four parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first)."""
+        doses: Sequence[float] = chain.DEFAULT_DOSES, batch_size: int = 8) -> ExperimentResult:
+    """Measure the parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first).
+
+    ``doses``: the factors the complete super-neuron sets are scaled by (must include 0 and 1);
+    ``batch_size``: sequences per forward.
+    """
+    grid = [float(d) for d in doses]
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
-    sn = dominant_super_neuron(model, tokens)
+    found = massive_channel_sets(model, tokens)
+    channel, creating = found["channel"], found["creating_layer"]
+    sets = found["sets"]
+    top = sets[creating].units[0]
+    sn = {"layer": creating, "neuron": top, "channel": channel,
+          "channel_at_pos0": found["channel_at_pos0"],
+          "median_abs_at_pos0": found["median_abs_at_pos0"]}
+
+    def dose(target: chain.Target, grid_: Sequence[float]) -> chain.DoseResponse:
+        return chain.dose_response(model, tokens, target, grid_, batch_size=batch_size)
+
+    creating_dr = dose(chain.neuron_set(model, creating, sets[creating].units,
+                                        channels=[channel]), grid)
+    curves = {"creating_set": creating_dr.to_dict()}
+    builders = found["builders"]
+    if builders != [creating]:
+        curves["all_builders"] = dose(chain.neuron_sets(
+            model, {lay: sets[lay].units for lay in builders}, channels=[channel]),
+            grid).to_dict()
+    if len(sets[creating].units) > 1:
+        curves["top_neuron_only"] = dose(chain.neuron_set(model, creating, [top],
+                                                          channels=[channel]),
+                                         [0.0, 1.0]).to_dict()
+    clean = creating_dr.readouts[creating_dr.doses.index(1.0)]
+    surgery_layer = min(creating + 1, int(model.cfg.n_layers) - 1)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
             "seq_len": seq_len, "inputs": "natural/bos (variance: random and natural, randfirst)",
             "variance": variance_part(model, n, seq_len), "super_neuron": sn,
-            "dose_response": dose_response(model, tokens, sn, [float(s) for s in scales]),
+            "super_neuron_sets": {
+                "channel": channel, "creating_layer": creating, "peak_layer": found["peak_layer"],
+                "builders": builders, "massive_channels": found["massive_channels"],
+                "sets": [s.to_dict() for s in sets.values()]},
+            "dose_response": curves,
+            "surgery": {"layer": surgery_layer,
+                        "rows": _surgery(model, tokens, channel, surgery_layer,
+                                         creating_dr.frame, clean, batch_size)},
+            "key_logits": [chain.key_logit_split(model, tokens, lay, h, [channel]).to_dict()
+                           for lay, h in _strongest_sink_heads(clean, creating_dr.frame)],
             "move": move_the_sink(model, tokens, sn, list(positions))}
     data["channel_life"] = channel_life(sn["channel_at_pos0"])
     data["verdicts"] = verdicts(data)
     return ExperimentResult("structural_origin", data)
 
 
+# --- verdicts: each from a curve, with its criterion ---------------------------------------
+
+
+def _iv(d: dict[str, Any] | None) -> chain.Interval | None:
+    return None if d is None else chain.Interval(d["mean"], d["low"], d["high"])
+
+
+def _drop_verdict(clean: dict | None, removed: dict | None, what: str) -> tuple[str, str]:
+    """'supported' when ``removed`` is below half of ``clean`` and their intervals do not
+    overlap; 'partial' when the intervals are apart but the drop is smaller."""
+    c, r = _iv(clean), _iv(removed)
+    if c is None or r is None:
+        return "not measured", f"no {what} to compare (no sink heads in the late layers)"
+    apart = not c.overlaps(r)
+    verdict = ("supported" if apart and r.mean < 0.5 * c.mean else
+               "partial" if apart and r.mean < c.mean else "not supported")
+    return verdict, f"{what} {c} clean -> {r} removed"
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Every verdict with the criterion it was judged by and the figures it read."""
+    out: dict[str, dict[str, str]] = {}
+    ratios = result["variance"]["random"]["ratio"]
+    c1, later = ratios[0], statistics.median(ratios[1:])
+    out["C1"] = {
+        "verdict": "supported" if c1 > 1 else "not supported",
+        "criterion": "supported if Var(attention output at position 0) / Var(positions > 0) "
+                     "> 1 at layer 0 on random input",
+        "evidence": f"ratio {c1:.2f} (uniform-mixing prediction "
+                    f"{result['variance']['random']['predicted_ratio'][0]:.2f}); median over "
+                    f"later layers {later:.2f}"}
+    curves = result["dose_response"]
+    main = curves["creating_set"]
+    rows = {r["dose"]: r for r in main["rows"]}
+    clean, off = rows[1.0], rows[0.0]
+    sets = {s["layer"]: s for s in result["super_neuron_sets"]["sets"]}
+    layer = result["super_neuron_sets"]["creating_layer"]
+    units = [x["neuron"] for x in sets[layer]["neurons"]]
+    ch_clean, ch_off = abs(clean["channel"]["mean"]), abs(off["channel"]["mean"])
+    out["C2"] = {
+        "verdict": "supported" if ch_off < 0.1 * ch_clean else "not supported",
+        "criterion": "supported if scaling the complete super-neuron set of the block that "
+                     "creates the massive channel to 0 (at position 0) leaves the channel below "
+                     "10% of its clean value",
+        "evidence": f"set {units} of MLP {layer} ({len(units)} neurons, "
+                    f"{sets[layer]['explained']:.0%} of its write); channel "
+                    f"{result['super_neuron_sets']['channel']} read after block "
+                    f"{main['frame']['channel_layer']}: {ch_clean:.1f} clean -> {ch_off:.1f}"}
+    verdict, ev = _drop_verdict(clean["late_sink_score"], off["late_sink_score"],
+                                "late-layer sink score")
+    _, ev_rate = _drop_verdict(clean["sink_rate"], off["sink_rate"], "sink rate")
+    out["C3"] = {
+        "verdict": verdict,
+        "criterion": "supported if removing the complete set (factor 0) drops the late-layer "
+                     "sink score below half its clean value with non-overlapping 95% intervals; "
+                     "partial if the intervals are apart but the drop is smaller",
+        "evidence": f"{ev}; {ev_rate}"}
+    half = main["half_effect"]
+    if half["dose"] is not None:
+        out["saturation"] = {
+            "verdict": "saturating" if half["dose"] < 0.5 else "graded",
+            "criterion": "saturating if the sink is half gone only below dose 0.5 (the clean "
+                         "channel is more than twice what the sink needs)",
+            "evidence": f"half-effect dose {half['dose']:.3g} (95% interval "
+                        f"{half['dose_interval']}), channel there {half['channel']:.1f} vs "
+                        f"{ch_clean:.1f} clean"}
+    single = curves.get("top_neuron_only")
+    if single:
+        srow = {r["dose"]: r for r in single["rows"]}[0.0]
+        out["one neuron"] = {
+            "verdict": "stops short" if abs(srow["channel"]["mean"]) > (
+                abs(half["channel"]) if half["channel"] is not None else 0.1 * ch_clean)
+            else "enough",
+            "criterion": "stops short if zeroing only the top neuron leaves the channel above "
+                         "the half-effect channel value",
+            "evidence": f"channel {abs(srow['channel']['mean']):.1f}, late-layer sink score "
+                        f"{_iv(srow['late_sink_score'])}"}
+    surgery = {r["condition"]: r for r in result["surgery"]["rows"]}
+    every = next((r for name, r in surgery.items() if name.startswith("channel")
+                  and "every" in name), None)
+    if every is not None:
+        v, ev = _drop_verdict(surgery["clean"]["late_sink_score"], every["late_sink_score"],
+                              "late-layer sink score")
+        out["channel carries the sink"] = {
+            "verdict": v,
+            "criterion": "supported if setting the massive channel at position 0 to its median "
+                         "over later positions, in every block after the one that creates it, "
+                         "drops the late-layer sink score below half with non-overlapping "
+                         "intervals",
+            "evidence": ev}
+    moved = [r for r in result["move"] if r["sink_at_k_after"] >= max(0.1, 2 * r[
+        "sink_at_k_before"])]
+    out["C4"] = {"verdict": "supported" if moved else "not supported",
+                 "criterion": "supported if some intervention at least doubles the mean sink "
+                              "score at position k, to at least 0.1",
+                 "evidence": f"{len(moved)} of {len(result['move'])} (k, intervention) pairs"}
+    return out
+
+
+# --- summary and figure ----------------------------------------------------------------------
+
+
+def _cell(d: dict[str, Any] | None, spec: str = ".3f") -> str:
+    if d is None:
+        return "n/a"
+    return f"{d['mean']:{spec}} [{d['low']:{spec}}, {d['high']:{spec}}]"
+
+
+def dose_table(curve: dict[str, Any]) -> list[str]:
+    """The dose-response as a Markdown table (intervals in brackets)."""
+    lines = ["| dose | channel at pos 0 | late-layer sink score | sink rate | loss |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['dose']:g} | {_cell(r['channel'], '.1f')} | "
+              f"{_cell(r['late_sink_score'])} | {_cell(r['sink_rate'])} | "
+              f"{_cell(r['loss'], '.2f')} |" for r in curve["rows"]]
+    return lines
+
+
 def summary(data: dict[str, Any]) -> str:
-    """The Markdown summary: the super neuron, the channel's life, the tables, the verdicts."""
-    sn = data["super_neuron"]
+    """The Markdown summary: the complete sets, the channel's life, the curves, the surgery,
+    the key logits, the sink moved, the verdicts with their criteria."""
+    sets = data["super_neuron_sets"]
+    channel, layer = sets["channel"], sets["creating_layer"]
     lines = [f"# Structural origin of the sink on {data['model']}", "",
-             f"Super neuron: layer {sn['layer']}, neuron {sn['neuron']} -> channel "
-             f"{sn['channel']} (mean |input| at position 0: {sn['input_at_pos0']:.1f}).", "",
-             "Channel at position 0, after each block (mean over the batch): "
+             f"Natural text with BOS, {data['n']} x {data['seq_len']} tokens. Intervals: 95% "
+             "bootstrap over prompts. Massive channel at position 0: "
+             f"{channel}; created by block {layer}, peak after block {sets['peak_layer']}.", "",
+             "Channel at position 0, after each block (mean over prompts): "
              + "; ".join(f"{what} at layer {b['layer']} ({b['before']:.1f} -> {b['after']:.1f})"
                          for what, b in data["channel_life"].items() if b is not None) + ".",
-             "",
-             "| super-neuron scale | sink rate, key 0 | mean sink score, key 0 | "
-             "max abs channel at pos 0 |", "|---|---|---|---|"]
-    lines += [f"| {r['scale']} | {r['sink_rate']:.3f} | {r['sink_score']:.3f} | "
-              f"{r['channel_max_abs']:.1f} |" for r in data["dose_response"]]
+             "", "Complete super-neuron sets writing the channel at position 0 (>= 95% of each "
+             "MLP's write):", "", "| block | write | set (neuron: share) | explained |",
+             "|---|---|---|---|"]
+    for s in sets["sets"]:
+        members = ", ".join(f"{x['neuron']}: {x['share']:.2f}" for x in s["neurons"][:8])
+        more = f" (+{s['size'] - 8} more)" if s["size"] > 8 else ""
+        lines.append(f"| {s['layer']} | {s['write']:.1f} | {members}{more} | "
+                     f"{s['explained']:.3f} |")
+    for key, title in (("creating_set", f"the complete set of block {layer}"),
+                       ("all_builders", f"every set building the channel (blocks "
+                                        f"{sets['builders']})"),
+                       ("top_neuron_only", "the top neuron only")):
+        curve = data["dose_response"].get(key)
+        if curve is None:
+            continue
+        f = curve["frame"]
+        lines += ["", f"Dose-response of {title}: {curve['target']}. Late layers "
+                  f"{f['late_layers'][0]}..{f['late_layers'][-1]}, "
+                  f"{len(f['sink_heads'])} sink heads (clean score > {f['eps']}); channel read "
+                  f"after block {f['channel_layer']}.", "", *dose_table(curve)]
+        h = curve["half_effect"]
+        if h["dose"] is not None:
+            lines += ["", f"Half-effect dose {h['dose']:.3g} (interval {h['dose_interval']}): "
+                      f"channel {h['channel']:.1f}; late-layer sink score clean {h['clean']:.3f}"
+                      f", at full removal {h['floor']:.3f}."]
+    lines += ["", f"Channel surgery (input of block {data['surgery']['layer']}, position 0 set "
+              "to the median over positions 1..):", "",
+              "| condition | channel at pos 0 | late-layer sink score | sink rate | loss |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {r['condition']} | {_cell(r['channel'], '.1f')} | "
+              f"{_cell(r['late_sink_score'])} | {_cell(r['sink_rate'])} | "
+              f"{_cell(r['loss'], '.2f')} |" for r in data["surgery"]["rows"]]
+    lines += ["", f"Key-logit split of the strongest sink heads (channel {channel}; mean over "
+              "queries i >= j; key j is the middle position):", "",
+              "| head | key | massive | rest | key bias | rotary | total | model |",
+              "|---|---|---|---|---|---|---|---|"]
+    for s in data["key_logits"]:
+        for key in ("key_0", "key_j"):
+            p = s[key]
+            lines.append(f"| L{s['layer']}H{s['head']} | {p['key']} | {p['massive']:.3f} | "
+                         f"{p['rest']:.3f} | {p['key_bias']:.3f} | {p['rotary']:.3f} | "
+                         f"{p['total']:.3f} | {p['model']:.3f} |")
     lines += ["", "| k | intervention | sink at k before -> after | sink at 0 before -> after | "
               "max abs channel at k before -> after |", "|---|---|---|---|---|"]
     lines += [f"| {r['k']} | {r['intervention']} | {r['sink_at_k_before']:.3f} -> "
               f"{r['sink_at_k_after']:.3f} | {r['sink_at_0_before']:.3f} -> "
               f"{r['sink_at_0_after']:.3f} | {r['channel_at_k_before']:.1f} -> "
               f"{r['channel_at_k_after']:.1f} |" for r in data["move"]]
-    lines += ["", *[f"- **{claim}**: {text}" for claim, text in data["verdicts"].items()],
-              "", f"![structural origin]({FIGURE})", ""]
+    lines += ["", "Verdicts (criterion, then what was measured):", ""]
+    lines += [f"- **{claim}**: {v['verdict']}. Criterion: {v['criterion']}. Measured: "
+              f"{v['evidence']}." for claim, v in data["verdicts"].items()]
+    lines += ["", f"![structural origin]({FIGURE})", ""]
     return "\n".join(lines)
 
 

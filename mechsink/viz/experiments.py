@@ -88,30 +88,86 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
+def _band(ax: Any, x: list[float], rows: list[dict | None], color: str, label: str,
+          marker: str = "o") -> None:
+    """A mean line with its interval as a band (rows: {mean, low, high} or None)."""
+    pts = [(xi, r) for xi, r in zip(x, rows, strict=True) if r is not None]
+    if not pts:
+        return
+    xs = [p[0] for p in pts]
+    ax.plot(xs, [p[1]["mean"] for p in pts], marker=marker, color=color, label=label)
+    ax.fill_between(xs, [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], color=color,
+                    alpha=0.25)
+
+
+def draw_dose_response(ax: Any, curve: dict[str, Any], title: str = "") -> Any:
+    """One dose-response (``mechsink.chain.DoseResponse.to_dict()``) on ``ax``: |channel| at
+    position 0 (log scale, left) and, on a twin axis, the late-layer sink score and the sink
+    rate with their 95% intervals; the half-effect dose as a dashed line. Returns the twin."""
+    rows = curve["rows"]
+    x = [r["dose"] for r in rows]
+    chans = [abs(r["channel"]["mean"]) if r["channel"] else np.nan for r in rows]
+    ax.plot(x, chans, marker="o", color=RED, label="|channel| at position 0")
+    ax.set_xscale("symlog", linthresh=0.02)
+    ax.set_yscale("log")
+    ax.set(xlabel="dose (factor on the set at position 0; 0 = removed)",
+           ylabel="|channel| at position 0", title=title or curve["target"][:60])
+    twin = ax.twinx()
+    _band(twin, x, [r["late_sink_score"] for r in rows], BLUE, "late-layer sink score", "s")
+    _band(twin, x, [r["sink_rate"] for r in rows], GREEN, "sink rate", "^")
+    twin.set_ylim(0, 1)
+    twin.set_ylabel("sink score / rate at key 0")
+    half = curve["half_effect"]
+    if half.get("dose") is not None:
+        twin.axvline(half["dose"], color=GRAY, ls="--",
+                     label=f"half effect: dose {half['dose']:.3g}")
+    lines = ax.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    twin.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    return twin
+
+
+@use_style
+def plot_dose_response(curve: dict[str, Any], path: str | Path, title: str = "") -> Path:
+    """The dose-response figure of one target, alone."""
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    draw_dose_response(ax, curve, title)
+    return _save(fig, path)
+
+
 @use_style
 def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
-    """Left: super-neuron dose-response (channel size and sink rate at key 0). Right: the sink
-    at position k before and after each intervention."""
-    fig, (ax_dose, ax_move) = plt.subplots(1, 2, figsize=(12, 4))
-    doses = result["dose_response"]
-    scales = [d["scale"] for d in doses]
-    ax_dose.plot(scales, [d["channel_max_abs"] for d in doses], marker="o", color=RED)
-    sn = result["super_neuron"]
-    ax_dose.set(xlabel="super-neuron scale at position 0", ylabel="max |channel| at position 0",
-                title=f"{result['model']}: L{sn['layer']} N{sn['neuron']} -> ch {sn['channel']}")
-    twin = ax_dose.twinx()
-    twin.plot(scales, [d["sink_rate"] for d in doses], marker="s", color=BLUE)
-    twin.set_ylabel("sink rate at key 0", color=BLUE)
-    twin.set_ylim(0, 1)  # a full scale: small changes in the rate should look small
+    """Left: the complete set's dose-response (channel, late-layer sink score, sink rate, with
+    intervals). Middle: channel surgery. Right: the sink at position k before and after each
+    intervention."""
+    fig, (ax_dose, ax_surg, ax_move) = plt.subplots(1, 3, figsize=(17, 4.6))
+    sets = result["super_neuron_sets"]
+    curve = result["dose_response"]["creating_set"]
+    draw_dose_response(ax_dose, curve, f"{result['model']}: complete set of MLP "
+                       f"{sets['creating_layer']} -> ch {sets['channel']}")
+    rows = result["surgery"]["rows"]
+    x = np.arange(len(rows))
+    for off, key, color, label in ((-0.2, "late_sink_score", BLUE, "late-layer sink score"),
+                                   (0.2, "sink_rate", GREEN, "sink rate")):
+        vals = [r[key] for r in rows]
+        means = [v["mean"] if v else np.nan for v in vals]
+        err = [[(v["mean"] - v["low"]) if v else 0 for v in vals],
+               [(v["high"] - v["mean"]) if v else 0 for v in vals]]
+        ax_surg.bar(x + off, means, 0.4, yerr=err, color=color, label=label, capsize=3)
+    ax_surg.set_xticks(x, [r["condition"] for r in rows], fontsize=6, rotation=25, ha="right")
+    ax_surg.set(ylim=(0, 1), ylabel="at key 0 (95% interval)",
+                title=f"channel surgery, input of block {result['surgery']['layer']}")
+    ax_surg.legend(fontsize=7)
     moves = result["move"]
     labels = [f"k={m['k']}: {m['intervention']}" for m in moves]
-    x = np.arange(len(moves))
-    ax_move.bar(x - 0.2, [m["sink_at_k_before"] for m in moves], 0.4, label="sink at k, before")
-    ax_move.bar(x + 0.2, [m["sink_at_k_after"] for m in moves], 0.4, label="sink at k, after")
-    ax_move.set_xticks(x, labels, fontsize=7, rotation=30, ha="right")
+    xm = np.arange(len(moves))
+    ax_move.bar(xm - 0.2, [m["sink_at_k_before"] for m in moves], 0.4, label="sink at k, before")
+    ax_move.bar(xm + 0.2, [m["sink_at_k_after"] for m in moves], 0.4, label="sink at k, after")
+    ax_move.set_xticks(xm, labels, fontsize=7, rotation=30, ha="right")
     ax_move.set(ylabel="mean sink score at key k", title="moving the sink to position k")
     ax_move.legend(fontsize=8)
-    for ax in (ax_dose, ax_move):
+    for ax in (ax_surg, ax_move):
         ax.grid(alpha=0.3)
     return _save(fig, path)
 
