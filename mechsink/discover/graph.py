@@ -1,0 +1,254 @@
+"""The computational graph edge-level circuit discovery works on.
+
+Nodes are the input embedding, every attention head and every MLP (the *senders*: each
+writes into the residual stream), and the *receivers* that read the residual stream: each
+head's query input, each key/value head's key and value inputs (per KV head on grouped-query
+models, as the model computes them), each MLP's input and the metric. An edge joins a sender
+to a receiver that reads the residual stream after the sender wrote to it (Conmy et al. 2023,
+"Towards Automated Circuit Discovery"; Syed et al. 2023, "Attribution Patching Outperforms
+Automated Circuit Discovery"): head ``L3H1 -> L5H2.q`` means "head 3.1's output, as head
+5.2's query reads it".
+
+The graph stops where the metric reads the model (:func:`metric_point`): a metric on the
+attention pattern of layer ``L`` reads the residual entering that layer's attention (so the
+heads of layer ``L`` and everything after are not nodes), a metric on ``resid_post`` of layer
+``L`` reads the residual after block ``L``, a logit metric reads the last block's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Int
+from torch import Tensor
+
+from mechsink.bridge import act_name, n_kv_heads
+from mechsink.errors import BadInputError
+from mechsink.patching.metrics import Metric, layer_of
+
+#: the hooks a metric may read, by what part of a block they sit in
+_ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern", "hook_attn_scores",
+               "hook_rot_q", "hook_rot_k", "hook_result", "hook_q_input", "hook_k_input",
+               "hook_v_input")
+
+
+@dataclass(frozen=True)
+class Sender:
+    """A node that writes into the residual stream: ``embed``, a ``head`` or an ``mlp``."""
+
+    kind: str
+    layer: int = -1
+    index: int = 0
+
+    @property
+    def name(self) -> str:
+        return {"embed": "embed", "head": f"L{self.layer}H{self.index}",
+                "mlp": f"MLP{self.layer}"}[self.kind]
+
+    @property
+    def stage(self) -> int:
+        """When it writes: embed 0, heads of layer L at 2L+1, MLP L at 2L+2."""
+        return {"embed": 0, "head": 2 * self.layer + 1, "mlp": 2 * self.layer + 2}[self.kind]
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """A node that reads the residual stream: ``q``/``k``/``v`` of a (KV) head, ``mlp``,
+    ``metric``. ``index`` is the query head for ``q`` and the KV head for ``k``/``v``."""
+
+    kind: str
+    layer: int
+    index: int = 0
+    gqa: bool = False
+
+    @property
+    def name(self) -> str:
+        if self.kind == "metric":
+            return "metric"
+        if self.kind == "mlp":
+            return f"MLP{self.layer}"
+        if self.kind in ("k", "v") and self.gqa:
+            return f"L{self.layer}KV{self.index}.{self.kind}"
+        return f"L{self.layer}H{self.index}.{self.kind}"
+
+    @property
+    def stage(self) -> int:
+        """When it reads: attention of layer L at 2L+1, MLP L at 2L+2 (metric: set by graph)."""
+        return 2 * self.layer + (2 if self.kind == "mlp" else 1)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """Where the metric reads the residual stream: ``"attn"`` (the input of layer ``layer``'s
+    attention) or ``"post"`` (the output of block ``layer``)."""
+
+    kind: str
+    layer: int
+
+    @property
+    def stage(self) -> int:
+        return 2 * self.layer + (1 if self.kind == "attn" else 3)
+
+    def __str__(self) -> str:
+        return (f"attention input of layer {self.layer}" if self.kind == "attn"
+                else f"output of block {self.layer}")
+
+
+def metric_point(model: Any, metric: Metric) -> MetricPoint:
+    """Where ``metric`` reads the model: the latest residual its hooks (or logits) depend on."""
+    needs = metric.needs(model)
+    n_layers = int(model.cfg.n_layers)
+    if needs.logits is not None:
+        return MetricPoint("post", n_layers - 1)
+    points = []
+    for hook in needs.hooks:
+        layer = layer_of(hook)
+        tail = hook.split(".")[-1]
+        if layer is not None and tail == "hook_resid_post":
+            points.append(MetricPoint("post", layer))
+        elif layer is not None and tail == "hook_resid_pre" and layer > 0:
+            points.append(MetricPoint("post", layer - 1))
+        elif layer is not None and (tail in _ATTN_HOOKS or tail == "hook_attn_out"):
+            points.append(MetricPoint("attn", layer))
+        else:
+            raise BadInputError(
+                f"edge discovery cannot place the metric's hook {hook!r} in the graph: use a "
+                "metric on logits, attention patterns/queries/keys of a layer, or "
+                "resid_post (SinkScore, MassiveValue, ResidNorm, LogitDiff, KLToClean).")
+    if not points:
+        raise BadInputError("the metric reads nothing: give a metric on logits or activations.")
+    point = max(points, key=lambda p: p.stage)
+    if point.stage <= 1:
+        raise BadInputError("the metric reads the model before any component writes (layer 0's "
+                            "attention input): there are no edges to score.")
+    return point
+
+
+@dataclass
+class Graph:
+    """Senders, receivers and the edges between them for one model and one metric point.
+
+    Edges are numbered: edge ``e`` joins ``senders[src[e]]`` to ``receivers[dst[e]]``.
+    Scores and masks over edges are 1-D tensors in this order.
+    """
+
+    n_layers: int  # blocks with nodes (those before the metric point)
+    n_heads: int
+    n_kv: int
+    point: MetricPoint
+    senders: list[Sender] = field(default_factory=list)
+    receivers: list[Receiver] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, model: Any, metric: Metric | MetricPoint) -> Graph:
+        """The full graph of ``model`` up to where ``metric`` reads it."""
+        point = metric if isinstance(metric, MetricPoint) else metric_point(model, metric)
+        n_heads, n_kv = int(model.cfg.n_heads), n_kv_heads(model)
+        g = cls(0, n_heads, n_kv, point)
+        g.senders.append(Sender("embed"))
+        for layer in range(int(model.cfg.n_layers)):
+            if 2 * layer + 1 >= point.stage:
+                break
+            g.n_layers = layer + 1
+            gqa = n_kv != n_heads
+            g.senders += [Sender("head", layer, h) for h in range(n_heads)]
+            g.receivers += [Receiver("q", layer, h) for h in range(n_heads)]
+            g.receivers += [Receiver("k", layer, h, gqa) for h in range(n_kv)]
+            g.receivers += [Receiver("v", layer, h, gqa) for h in range(n_kv)]
+            if 2 * layer + 2 < point.stage:
+                g.senders.append(Sender("mlp", layer))
+                g.receivers.append(Receiver("mlp", layer))
+        g.receivers.append(Receiver("metric", point.layer))
+        return g
+
+    def receiver_stage(self, r: Receiver) -> int:
+        return self.point.stage if r.kind == "metric" else r.stage
+
+    @cached_property
+    def valid(self) -> Bool[Tensor, "sender receiver"]:
+        """``valid[s, r]``: sender ``s`` writes before receiver ``r`` reads."""
+        s = torch.tensor([x.stage for x in self.senders])
+        r = torch.tensor([self.receiver_stage(x) for x in self.receivers])
+        return s[:, None] < r[None, :]
+
+    @cached_property
+    def src(self) -> Int[Tensor, " edge"]:
+        return self.valid.nonzero()[:, 0]
+
+    @cached_property
+    def dst(self) -> Int[Tensor, " edge"]:
+        return self.valid.nonzero()[:, 1]
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.src.numel())
+
+    def edge_name(self, e: int) -> str:
+        return f"{self.senders[int(self.src[e])].name}->{self.receivers[int(self.dst[e])].name}"
+
+    @cached_property
+    def edge_names(self) -> list[str]:
+        return [self.edge_name(e) for e in range(self.n_edges)]
+
+    def edge_index(self, name: str) -> int:
+        """The number of the edge called ``name`` (``"L0H1->L2H0.q"``)."""
+        try:
+            return self._index[name]
+        except KeyError:
+            raise BadInputError(f"no edge {name!r} in this graph (it has {self.n_edges} edges, "
+                                f"e.g. {self.edge_names[0]!r}).") from None
+
+    @cached_property
+    def _index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.edge_names)}
+
+    def dense(self, values: Tensor) -> Tensor:
+        """Edge values ``[..., edge]`` as a ``[..., sender, receiver]`` matrix (0 off-graph)."""
+        out = values.new_zeros(*values.shape[:-1], len(self.senders), len(self.receivers))
+        out[..., self.src, self.dst] = values
+        return out
+
+    def sender_index(self, name: str) -> int:
+        for i, s in enumerate(self.senders):
+            if s.name == name:
+                return i
+        raise BadInputError(f"no sender {name!r} in this graph.")
+
+    def receivers_at(self, stage: int) -> list[int]:
+        """Indices of the receivers that read at ``stage``."""
+        return [i for i, r in enumerate(self.receivers) if self.receiver_stage(r) == stage]
+
+    def path_spec(self, e: int) -> tuple[str, str]:
+        """The edge as :func:`mechsink.patching.path.path_patch` names it (sender, receiver)."""
+        s, r = self.senders[int(self.src[e])], self.receivers[int(self.dst[e])]
+        if r.kind in ("k", "v"):  # path_patch names the KV head by a query head of its group
+            recv = f"L{r.layer}H{r.index * (self.n_heads // self.n_kv)}.{r.kind}"
+        else:
+            recv = r.name
+        return s.name, recv
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv,
+                "metric_point": {"kind": self.point.kind, "layer": self.point.layer},
+                "senders": [s.name for s in self.senders],
+                "receivers": [r.name for r in self.receivers], "n_edges": self.n_edges}
+
+
+def hook_of(r: Receiver, point: MetricPoint) -> str:
+    """The hook where a receiver reads its input (split per head for q/k/v)."""
+    if r.kind in ("q", "k", "v"):
+        return act_name(f"attn.hook_{r.kind}_input", r.layer)
+    if r.kind == "mlp":
+        return act_name("hook_mlp_in", r.layer)
+    return metric_hooks(point)[0]
+
+
+def metric_hooks(point: MetricPoint) -> list[str]:
+    """Where the metric receiver's input is changed: every q/k/v input of the layer (attn) or
+    the block's output (post)."""
+    if point.kind == "attn":
+        return [act_name(f"attn.hook_{x}_input", point.layer) for x in ("q", "k", "v")]
+    return [act_name("resid_post", point.layer)]

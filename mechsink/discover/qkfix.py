@@ -1,0 +1,81 @@
+"""AtP*'s QK fix for edges into a head's query or key (Kramar, Lieberum, Shah and Nanda 2024,
+"AtP*: An efficient and scalable method for localizing LLM behaviour to components").
+
+A sink head's softmax is saturated: its gradient is close to 0, so a first-order score of an
+edge into its query or key says "no effect" even when the edge moves the attention a lot. The
+fix recomputes the pattern exactly with the edge patched (the query or key input changed by the
+sender's corrupted write, the softmax run for real) and keeps only the step after the pattern
+linear: ``score = sum (A_patched - A_clean) * dm/dA``. One forward of the receiving attention
+layer per sender (every head of the layer at once: head ``h``'s pattern reads only its own
+query and its KV head's key). Edges straight into the metric, when the metric reads a
+layer's attention pattern, are patched exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mechsink.bridge import act_name, run_from_layer
+from mechsink.discover.run import GraphRun, graph_mode
+from mechsink.patching import engine
+
+
+def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
+    """``values`` with every edge into a query or key (and into a pattern metric) rescored."""
+    g = run.graph
+    out = values.clone()
+    eidx = torch.full((len(g.senders), len(g.receivers)), -1, dtype=torch.long)
+    eidx[g.src, g.dst] = torch.arange(g.n_edges)
+    group = g.n_heads // g.n_kv
+    for layer in range(g.n_layers):
+        grad = grads.get(act_name("pattern", layer))
+        if grad is None:
+            continue
+        cols = {k: [i for i, r in enumerate(g.receivers) if r.kind == k and r.layer == layer]
+                for k in ("q", "k")}
+        n_s = run.n_senders_before(g.receivers[cols["q"][0]])
+        base = run.clean.acts[act_name("pattern", layer)]
+        for kind in ("q", "k"):
+            patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
+            per_head = torch.einsum("cbhij,bhij->ch", (patterns - base).double(),
+                                    grad.double())
+            if kind == "k":
+                per_head = per_head.view(n_s, g.n_kv, group).sum(-1)
+            for j, col in enumerate(cols[kind]):
+                e = eidx[:n_s, col]
+                out[e] = per_head[:, j]
+    if g.point.kind == "attn":
+        metric_edges = (g.dst == len(g.receivers) - 1).nonzero().flatten().tolist()
+        out[metric_edges] = run.exact(metric_edges) - run.clean_value
+    return out
+
+
+def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
+    """Layer ``layer``'s patterns with sender ``c``'s corrupted write added to every head's
+    ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``."""
+    model, b = run.model, run.batch
+    resid = run.clean.acts[act_name("resid_pre", layer)]
+    per = engine.copies_per_batch(model, b, run.seq_len, 0, 0,
+                                  memory_budget=run.memory_budget)
+    hook_in = act_name(f"attn.hook_{kind}_input", layer)
+    pattern = act_name("pattern", layer)
+    chunks = []
+    with torch.no_grad(), graph_mode(model):
+        for lo in range(0, n_s, per):
+            senders = list(range(lo, min(n_s, lo + per)))
+            add = run.delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
+            got: dict[str, Tensor] = {}
+
+            def patch(act: Tensor, hook: Any, add: Tensor = add) -> Tensor:
+                return act + add.unsqueeze(2)
+
+            def keep(act: Tensor, hook: Any, got: dict[str, Tensor] = got) -> None:
+                got["p"] = act
+
+            run_from_layer(model, resid.repeat(len(senders), 1, 1), layer,
+                           fwd_hooks=[(hook_in, patch), (pattern, keep)], stop_after=[pattern])
+            chunks.append(got["p"].view(len(senders), b, *got["p"].shape[1:]))
+    return torch.cat(chunks)
