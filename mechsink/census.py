@@ -196,6 +196,10 @@ def census(
     ``n`` sequences of ``seq_len`` tokens each, drawn from ``seed``; ``eps`` is the sink-rate
     threshold; ``batch_size`` sequences go through one forward (memory grows with it).
     """
+    for what, names in (("suites", suites), ("variants", variants)):
+        if isinstance(names, str):  # census(m, "natural") would read as suites n, a, t, ...
+            raise BadInputError(f"{what} takes a list of names, not the string {names!r}: "
+                                f"write [{names!r}].")
     if prompts is None:
         check_census_args(model, suites, variants, n, seq_len, eps, batch_size)
         prompt_sets = [make_prompts(model, s, v, n=n, seq_len=seq_len, seed=seed)
@@ -292,7 +296,16 @@ def read_census(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if p.is_dir():
         p = p / CENSUS_FILE
-    data = json.loads(p.read_text(encoding="utf-8"))
+    if not p.is_file():
+        raise BadInputError(f"{p} does not exist: give a census.json or the folder holding one "
+                            "(written by mechsink scan MODEL --out DIR).")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise BadInputError(f"{p} is not valid JSON ({exc}): it is not a census file, or it "
+                            "is damaged; write it again with mechsink scan.") from exc
+    if not isinstance(data, dict):
+        raise BadInputError(f"{p} holds no census (a JSON {type(data).__name__}, not an object).")
     if data.get("schema") not in READABLE_SCHEMAS:
         raise BadInputError(f"{p} has schema {data.get('schema')!r}; this mechsink "
                             f"reads {', '.join(READABLE_SCHEMAS)}.")
