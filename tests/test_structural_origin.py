@@ -89,11 +89,16 @@ def test_channel_life_finds_appearance_amplification_and_removal():
 def test_p0_sink_runs_end_to_end(tmp_path):
     out = tmp_path / "p0"
     model = load_model("random:gpt2-tiny", device="cpu", seed=0)
-    p0_sink.run(model, n=2, seq_len=12, layers=1).save(out)
+    p0_sink.run(model, n=2, seq_len=12, layers=1, doses=[0.0, 0.5, 1.0]).save(out)
     result = json.loads((out / "result.json").read_text())
-    assert result["schema"] == "mechsink-p0-sink/2"
+    assert result["schema"] == "mechsink-p0-sink/3"
     assert set(result["first_token"]) == {"bos", "nobos", "randfirst"}
-    assert len(result["nodes"]) == 4 + 1 + 1  # layer-0 heads, layer-0 MLP, the super neuron
+    extra = 1 if result["super_neuron_set"]["size"] > 1 else 0  # the complete set as one node
+    assert len(result["nodes"]) == 4 + 1 + 1 + extra  # layer-0 heads, MLP0, top neuron (+ set)
+    through = result["through_channel"]
+    assert [r["path"].split(",")[0] for r in through["rows"]][0] == "clean"
+    assert len(through["rows"]) == 4  # clean, set removed, surgery one block, every block
+    assert all(v["criterion"] for v in result["verdicts"].values())
     sn_mlp = f"MLP{result['super_neuron']['layer']}"
     paths = ("via_mlp_to_channel", "via_mlp_to_sink", "direct_to_sink")
     assert len(result["edges"]) == sum(n[k] is not None for n in result["nodes"] for k in paths)
