@@ -1,7 +1,7 @@
 """Sweeps: one job (census, timeline point, activation patching, an experiment) over many models,
 checkpoints or prompt pairs, split into shards, run locally or on Ray, merged into one result.
 
-A sweep is a TOML spec (see ``docs/sweep.md``)::
+A sweep is a TOML spec (see ``docs/tutorials/sweep.md``)::
 
     models = ["random:gpt2-tiny", {name = "random:gpt2-mini", seed = 1}, "organism:bb-gpt2-tiny"]
     training_runs = ["runs/a"]     # every checkpoint (step-N) of each training run folder
