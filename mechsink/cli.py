@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import typing
 from pathlib import Path
 
@@ -26,21 +27,86 @@ def fail(exc: MechsinkError) -> None:
     raise typer.Exit(2)
 
 
+# --- checks that run before any model loads ---------------------------------------------------
+
+
+def parse_layers(text: str | None, option: str) -> tuple[int, ...] | None:
+    """``"0,2,5"`` -> (0, 2, 5); None stays None; anything else is an error naming ``option``."""
+    if text is None:
+        return None
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise MechsinkError(f"{option} takes comma-separated layer numbers such as 0,2,5; "
+                            f"got {text!r}.") from None
+    if any(v < 0 for v in values):
+        raise MechsinkError(f"{option}: layer numbers start at 0, got {text!r}.")
+    return values
+
+
+def check_batch_size(batch_size: int) -> None:
+    if batch_size < 1:
+        raise MechsinkError(f"--batch-size must be a positive integer, got {batch_size}.")
+
+
+def check_context(model: str, seq_len: int, option: str) -> None:
+    """``seq_len`` against the model's context, read from its config (unknown names fail
+    here too); a model whose config needs the weights is checked again once loaded."""
+    from mechsink.zoo import context_of
+
+    n_ctx = context_of(model)
+    if n_ctx is not None and seq_len > n_ctx:
+        raise MechsinkError(f"{option} {seq_len} is longer than {model}'s context ({n_ctx} "
+                            "tokens): use a shorter sequence.")
+
+
+def _check_device(device: str | None) -> None:
+    from mechsink.zoo import resolve_device
+
+    resolve_device(device)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> typing.Iterator[None]:
+    """Hold ``folder``'s advisory lock (one writer per folder); a held lock is a clean error."""
+    from mechsink.io import folder_lock
+
+    with contextlib.ExitStack() as stack:
+        try:
+            stack.enter_context(folder_lock(folder))
+        except MechsinkError as exc:
+            fail(exc)
+        yield
+
+
 @app.command()
-def models() -> None:
-    """List the zoo: names, architecture, parameter count and whether the weights are cached."""
+def models(
+    verify: bool = typer.Option(False, "--verify", help="hash every converted file in full "
+                                "(exit status 1 when one is damaged)"),
+) -> None:
+    """List the zoo: names, architecture, parameter count and whether the weights are cached
+    (a damaged conversion is not: it is rebuilt from its verified source on its next load)."""
     from mechsink.zoo import PATTERN_HELP, list_models
 
     table = Table(title="mechsink model zoo")
     for col in ("name", "architecture", "parameters", "cached", "what it is"):
         table.add_column(col)
-    for row in list_models():
+    rows = list_models(verify=verify)
+    for row in rows:
         n = row["n_params"]
+        cached = ("yes" if row["cached"] else
+                  f"damaged: {row['problem']} (rebuilt on next load)" if row["problem"] else "no")
         table.add_row(row["name"], row["architecture"], f"{n / 1e6:.1f}M" if n else "?",
-                      "yes" if row["cached"] else "no", row["description"])
+                      cached, row["description"])
     for pattern, what in PATTERN_HELP:
         table.add_row(pattern, "", "", "", what)
     console.print(table)
+    damaged = [r["name"] for r in rows if r["problem"]]
+    if verify:
+        console.print(f"damaged conversions: {', '.join(damaged)}" if damaged
+                      else "every converted file matches its recorded sha256", markup=False)
+        if damaged:
+            raise typer.Exit(1)
 
 
 @app.command()
@@ -59,6 +125,7 @@ def info(
     from mechsink.zoo import load_model
 
     try:
+        _check_device(device)  # before the model loads
         with console.status(f"loading {model}"):
             bridge = load_model(model, device=device, dtype=dtype, seed=seed)
         ids = to_tokens(bridge, prompt, prepend_bos=prepend_bos)
@@ -98,6 +165,7 @@ def scan(
 
     from mechsink.census import census, check_census_args, check_out_dir, summary_rows
     from mechsink.census import write_census as write_json
+    from mechsink.io import check_writable
     from mechsink.measure.sinks import check_eps
     from mechsink.prompts import SUITES, VARIANTS, check_suite_args
     from mechsink.zoo import load_model
@@ -106,31 +174,40 @@ def scan(
     try:  # every check that needs no model, before loading one
         check_suite_args(suites, variants, n, seq_len)
         check_eps(eps)
-        folder = check_out_dir(out)
-        with console.status(f"loading {model}"):
-            bridge = load_model(model, device=device, dtype=dtype,
-                                seed=seed if model.startswith("random:") else None)
-        check_census_args(bridge, suites, variants, n, seq_len, eps, batch_size)
+        check_batch_size(batch_size)
+        check_context(model, seq_len, "--seq-len")
+        _check_device(device)
+        folder = check_out_dir(check_writable(out))
     except MechsinkError as exc:
         fail(exc)
-    runs = len(suites) * len(variants)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  console=console, transient=True) as bar:
-        task = bar.add_task("census", total=runs * n)
+    with _locked(folder):
+        try:
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device, dtype=dtype,
+                                    seed=seed if model.startswith("random:") else None)
+            check_census_args(bridge, suites, variants, n, seq_len, eps, batch_size)
+        except MechsinkError as exc:
+            fail(exc)
+        runs = len(suites) * len(variants)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("census", total=runs * n)
+            finished: dict[str, int] = {}  # run name -> sequences done
 
-        def progress(name: str, done: int, total: int) -> None:
-            bar.update(task, description=f"census {name}", advance=min(batch_size, total))
+            def progress(name: str, done: int, total: int) -> None:
+                finished[name] = done
+                bar.update(task, description=f"census {name}", completed=sum(finished.values()))
 
-        result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
-                        batch_size=batch_size, model_name=model, progress=progress)
-        data = result.to_dict()
-        path = write_json(result, folder)
-    written = [path]
-    if report:
-        from mechsink.viz import write_report
+            result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
+                            batch_size=batch_size, model_name=model, progress=progress)
+            data = result.to_dict()
+            path = write_json(result, folder)
+        written = [path]
+        if report:
+            from mechsink.viz import write_report
 
-        with console.status("writing figures and pages"):
-            written += write_report(data, folder)
+            with console.status("writing figures and pages"):
+                written += write_report(data, folder)
     table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
     table.add_column("input", no_wrap=True)
     for col in ("sink rate (Gu / i>0)", "massive: token med. | layer med. (channels, layers)",
@@ -154,8 +231,9 @@ def scan(
 @app.command()
 def train(
     recipe: str = typer.Argument(..., help="recipe name, e.g. bb-llama-tiny (add +hwrms)"),
-    out: Path = typer.Option(..., "--out", help="run folder (new, or the run to resume)"),
-    steps: int | None = typer.Option(None, help="number of steps (default: the recipe's)"),
+    out: str = typer.Option(..., "--out", help="run folder (new, or the run to resume)"),
+    steps: int | None = typer.Option(None, help="number of steps (default: the recipe's; "
+                                     "with --resume, give the run's own)"),
     seed: int = typer.Option(0, help="seed of the initialisation and of the batches"),
     resume: bool = typer.Option(False, "--resume", help="continue the run held in --out"),
 ) -> None:
@@ -163,6 +241,8 @@ def train(
     from mechsink import training
 
     try:
+        if out.strip() == "":
+            raise MechsinkError("--out is empty: give the run folder.")
         folder = training.train(recipe, out, steps=steps, seed=seed, resume=resume)
     except MechsinkError as exc:
         fail(exc)
@@ -178,7 +258,7 @@ def patch(
                              "|z|q|k|v|pattern|neuron, optionally _by_pos / _all_pos"),
     metric: str = typer.Option("logit_diff", help="logit_diff[:A:B], log_prob:T, kl, "
                                "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
-    out: Path = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
+    out: str = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
     layers: str | None = typer.Option(None, help="comma-separated layers (default: all)"),
     direction: str = typer.Option("denoise", help="denoise (patch clean into corrupted) or noise"),
     normalize: bool = typer.Option(False, help="rescale so 0 = run input, 1 = source input"),
@@ -187,31 +267,43 @@ def patch(
     seed: int | None = typer.Option(None, help="seed for random:... models"),
 ) -> None:
     """Activation-patch SITE between two prompts; write the result JSON and a heatmap."""
+    from mechsink.bridge import check_seq_len
     from mechsink.bridge import to_tokens as _to_tokens
+    from mechsink.io import check_writable
     from mechsink.patching import activation_patch, parse_metric, parse_site
     from mechsink.zoo import load_model
 
-    try:
-        with console.status(f"loading {model}"):
-            bridge = load_model(model, device=device, seed=seed)
-        c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
-        x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
-        chosen = None if layers is None else tuple(int(v) for v in layers.split(","))
+    try:  # every check that needs no model, before loading one
+        chosen = parse_layers(layers, "--layers")
         the_site = parse_site(site, layers=chosen)
-        the_metric = parse_metric(metric, bridge, c, x)
-        with console.status(f"patching {the_site.label}"):
-            result = activation_patch(bridge, c, x, the_site, the_metric, direction=direction,
-                                      normalize=normalize)
+        if metric.strip() != "logit_diff":  # bare logit_diff needs the model's predictions
+            parse_metric(metric, None)
+        if direction not in ("denoise", "noise"):
+            raise MechsinkError(f"--direction must be denoise or noise, got {direction!r}.")
+        _check_device(device)
+        check_context(model, 1, "--clean")  # the name, before the model loads
+        folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
-    except ValueError as exc:  # e.g. --layers not integers
-        fail(MechsinkError(str(exc)))
-    result.meta["model"] = model
-    json_path = result.to_json(out / "patch.json")
-    fig = result.heatmap()
-    fig.savefig(out / "patch.png", dpi=120)
+    with _locked(folder):
+        try:
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device, seed=seed)
+            c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
+            x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
+            check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
+            the_metric = parse_metric(metric, bridge, c, x)
+            with console.status(f"patching {the_site.label}"):
+                result = activation_patch(bridge, c, x, the_site, the_metric,
+                                          direction=direction, normalize=normalize)
+        except MechsinkError as exc:
+            fail(exc)
+        result.meta["model"] = model
+        json_path = result.to_json(folder / "patch.json")
+        fig = result.heatmap()
+        fig.savefig(folder / "patch.png", dpi=120)
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
-                  f"{result.corrupted_value:.4g}; wrote {json_path} and {out / 'patch.png'}")
+                  f"{result.corrupted_value:.4g}; wrote {json_path} and {folder / 'patch.png'}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -254,10 +346,6 @@ def circuit(
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)
-
-
-def main() -> None:  # pragma: no cover - console-script convenience
-    app()
 
 
 @app.command()

@@ -162,7 +162,7 @@ def load_model(
     models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.bridge``).
     """
     torch_dtype = _resolve_dtype(dtype)
-    target = torch.device(device) if device is not None else _default_device()
+    target = resolve_device(device)
     if seed is not None and not name.startswith("random:"):
         raise BadInputError(f"seed={seed} only applies to random:... models, not {name!r}.")
     with torch.random.fork_rng(devices=[]):  # loading never moves the caller's RNG
@@ -203,6 +203,67 @@ def _resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """The torch device for ``device`` (None: CUDA when present, else CPU), checked to exist
+    before any work: a CUDA device on a build or machine without CUDA is a clear error."""
+    if device is None:
+        return _default_device()
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise BadInputError(f"unknown device {device!r}: use cpu, cuda or cuda:N.") from exc
+    if target.type == "cuda":
+        if not torch.cuda.is_available():
+            raise BadInputError(
+                f"device {device!r} asked for, but this torch build or machine has no CUDA "
+                "device: use --device cpu."
+            )
+        if target.index is not None and target.index >= torch.cuda.device_count():
+            raise BadInputError(f"device {device!r}: there are {torch.cuda.device_count()} "
+                                "CUDA devices (cuda:0...).")
+    elif target.type == "mps" and not torch.backends.mps.is_available():
+        raise BadInputError(f"device {device!r} is not available here: use --device cpu.")
+    return target
+
+
+def config_of(name: str) -> Any | None:
+    """The transformers config of a zoo name, read without loading weights, or None when that
+    needs the model itself (a named model not converted yet, a hub id). Unknown or malformed
+    names raise the same errors :func:`load_model` would, before any work."""
+    from transformers import AutoConfig
+
+    prefix, _, rest = name.partition(":")
+    folder: Path | None = None
+    if name in NAMED_MODELS:
+        folder = _converted_dir(name)
+        if conversion_problem(folder) is not None:
+            return None
+    elif prefix == "random" and rest:
+        return random_config(rest)
+    elif prefix == "organism" and rest:
+        folder = organism_folder(rest)
+        _check_organism(folder)
+    elif prefix == "hf" and rest:
+        folder = Path(rest) if Path(rest).is_dir() else None
+    else:
+        _load_hf(name, seed=0, dtype=torch.float32)  # raises the unknown-name error
+    if folder is None or not (folder / "config.json").is_file():
+        return None
+    try:
+        return AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError):
+        return None  # load_model will say what is wrong
+
+
+def context_of(name: str) -> int | None:
+    """The context length (maximum positions) of a zoo name from its config, or None."""
+    config = config_of(name)
+    if config is None:
+        return None
+    n = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    return int(n) if n else None
 
 
 # --- random models -------------------------------------------------------------------------
@@ -530,8 +591,8 @@ def organism_folder(ref: str) -> Path:
     return path
 
 
-def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """The (transformers model, tokenizer) of an organism folder, after checking it is one."""
+def _check_organism(folder: Path) -> None:
+    """Raise a one-line error unless ``folder`` is an organism this mechsink can read."""
     marker = folder / _MARKER
     if not folder.is_dir():
         raise MechsinkError(
@@ -543,9 +604,32 @@ def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[
             f"{str(folder)!r} is not a mechsink organism (no {_MARKER}); for a plain transformers "
             f"folder use hf:{folder}"
         )
-    fmt = json.loads(marker.read_text()).get("format")
+    try:
+        data = json.loads(marker.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise MechsinkError(f"{marker} is not valid JSON ({exc}): the organism folder is "
+                            "damaged; write it again (save_organism or mechsink train).") from exc
+    fmt = data.get("format") if isinstance(data, dict) else None
     if fmt != ORGANISM_FORMAT:
         raise MechsinkError(f"{marker} has format {fmt!r}; this mechsink reads {ORGANISM_FORMAT}.")
+    if not (folder / "config.json").is_file():
+        raise MechsinkError(f"organism folder {str(folder)!r} has no config.json: the folder is "
+                            "incomplete; write it again (save_organism or mechsink train).")
+    if not (folder / "model.safetensors").is_file():
+        raise MechsinkError(f"organism folder {str(folder)!r} has no model.safetensors: the "
+                            "folder is incomplete; write it again.")
+
+
+def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
+    """The (transformers model, tokenizer) of an organism folder, after checking it is one."""
+    _check_organism(folder)
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(str(folder))
+    except (OSError, ValueError) as exc:
+        raise MechsinkError(f"{folder / 'config.json'} cannot be read as a transformers config "
+                            f"({str(exc).splitlines()[0]}): write the organism again.") from exc
     return _from_folder(folder, dtype)
 
 

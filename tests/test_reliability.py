@@ -103,3 +103,177 @@ def test_lock_is_reentrant_in_one_process_and_released_after_an_error(tmp_path: 
     proc = _start_holder(tmp_path)  # free again for another process
     proc.kill()
     proc.wait()
+
+
+# --- one-line errors before any work -------------------------------------------------------
+
+
+def test_census_with_a_string_for_suites_is_an_error(gpt2_tiny):
+    from mechsink.census import census
+
+    with pytest.raises(BadInputError, match=r"not the string 'natural'.*\['natural'\]"):
+        census(gpt2_tiny, "natural", n=1, seq_len=4)
+    with pytest.raises(BadInputError, match="variants takes a list"):
+        census(gpt2_tiny, ["natural"], "bos", n=1, seq_len=4)
+
+
+def test_read_census_on_a_missing_file_or_bad_json(tmp_path: Path) -> None:
+    from mechsink.census import read_census
+
+    with pytest.raises(BadInputError, match="does not exist"):
+        read_census(tmp_path / "nope.json")
+    with pytest.raises(BadInputError, match="does not exist"):
+        read_census(tmp_path)  # a folder without census.json
+    (tmp_path / "census.json").write_text('{"schema": "mechsink-census/1", "runs": [')
+    with pytest.raises(BadInputError, match="not valid JSON"):
+        read_census(tmp_path)
+    (tmp_path / "census.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(BadInputError, match="not valid JSON"):
+        read_census(tmp_path / "census.json")
+    (tmp_path / "census.json").write_text("[1, 2]")
+    with pytest.raises(BadInputError, match="holds no census"):
+        read_census(tmp_path)
+
+
+# --- the command line: every check before the model loads ----------------------------------
+
+
+@pytest.fixture()
+def no_load(monkeypatch):
+    """Fail the test if a command loads a model (bad input must stop before that)."""
+    from mechsink import zoo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the input was checked")
+
+    monkeypatch.setattr(zoo, "load_model", refuse)
+
+
+def _invoke(args: list[str]):
+    from typer.testing import CliRunner
+
+    from mechsink.cli import app
+
+    return CliRunner().invoke(app, args)
+
+
+def _one_line_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    text = " ".join(result.output.split())
+    assert text.startswith("error:") and "Traceback" not in text, text
+    for needle in needles:
+        assert needle in text, text
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a CPU-only torch")
+def test_info_on_cuda_without_cuda(no_load):
+    _one_line_error(_invoke(["info", "random:gpt2-tiny", "--device", "cuda"]),
+                    "no CUDA device", "--device cpu")
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--out", "/proc/mechsink-x"], ["/proc/mechsink-x cannot be written"]),
+    (["--out", ""], ["--out is empty"]),
+    (["--out", "{tmp}/d", "--batch-size", "0"], ["--batch-size", "got 0"]),
+    (["--out", "{tmp}/d", "--seq-len", "999"], ["--seq-len 999", "context (256 tokens)"]),
+    (["--out", "{tmp}/d", "--device", "cuda:7"], ["cuda:7"]),
+], ids=["proc", "empty", "batch-size", "seq-len", "device"])
+def test_scan_checks_before_loading(tmp_path, no_load, args, needles):
+    import torch
+
+    if "cuda:7" in args and torch.cuda.device_count() > 7:
+        pytest.skip("has 8 GPUs")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    _one_line_error(_invoke(["scan", "random:gpt2-tiny", "--n", "2", *args]), *needles)
+    assert not (Path.cwd() / "census.json").exists() or args[1] != ""
+
+
+def test_scan_of_an_unknown_model_fails_before_touching_out(tmp_path, no_load):
+    result = _invoke(["scan", "random:gpt2-huge", "--out", str(tmp_path / "d"), "--n", "2"])
+    _one_line_error(result, "unknown size 'huge'")
+
+
+PATCH = ["patch", "random:gpt2-tiny", "--clean", "When Mary and John went", "--corrupted",
+         "When Mary and Anna went"]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["--layers", "a,b"], ["--layers", "'a,b'"]),
+    (["--layers", "0,-1"], ["--layers"]),
+    (["--site", "nosuch"], ["nosuch"]),
+    (["--metric", "bogus:1"], ["bogus"]),
+    (["--metric", "sink_score:x"], ["integers"]),
+    (["--direction", "sideways"], ["--direction", "sideways"]),
+], ids=["layers", "negative-layer", "site", "metric", "metric-args", "direction"])
+def test_patch_checks_every_option_before_loading(tmp_path, no_load, args, needles):
+    _one_line_error(_invoke([*PATCH, "--out", str(tmp_path / "p"), *args]), *needles)
+
+
+def test_patch_out_an_existing_file_fails_before_the_sweep(tmp_path, no_load):
+    f = tmp_path / "f"
+    f.write_text("keep me")
+    _one_line_error(_invoke([*PATCH, "--out", str(f)]), "is a file")
+    assert f.read_text() == "keep me"
+    _one_line_error(_invoke([*PATCH, "--out", ""]), "--out is empty")
+
+
+def test_train_out_empty_and_nothing_to_resume(tmp_path):
+    _one_line_error(_invoke(["train", "bb-llama-tiny", "--out", ""]), "--out is empty")
+    _one_line_error(_invoke(["train", "bb-llama-tiny", "--out", str(tmp_path / "r"),
+                             "--resume"]), "nothing to resume")
+
+
+@pytest.mark.parametrize("command", [
+    ["scan", "random:gpt2-tiny", "--n", "2", "--seq-len", "8"],
+    PATCH,
+    ["train", "bb-llama-tiny", "--steps", "1"],
+], ids=["scan", "patch", "train"])
+def test_a_second_writer_is_refused_naming_the_first(tmp_path, no_load, command):
+    proc = _start_holder(tmp_path)
+    try:
+        result = _invoke([*command, "--out", str(tmp_path)])
+        _one_line_error(result, f"process {proc.pid}", "holder-cmd --seed 0")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_FILE]  # nothing written
+
+
+def test_organism_with_a_broken_marker_or_no_config(tmp_path, gpt2_tiny):
+    from mechsink.errors import MechsinkError
+    from mechsink.zoo import load_model, save_organism
+
+    folder = save_organism(gpt2_tiny, tmp_path / "org")
+    marker = folder / "mechsink.json"
+    good = marker.read_text()
+    marker.write_text("{not json")
+    with pytest.raises(MechsinkError, match="not valid JSON"):
+        load_model(f"organism:{folder}", device="cpu")
+    _one_line_error(_invoke(["info", f"organism:{folder}", "--device", "cpu"]), "not valid JSON")
+    marker.write_text(good)
+    (folder / "config.json").unlink()
+    with pytest.raises(MechsinkError, match="has no config.json"):
+        load_model(f"organism:{folder}", device="cpu")
+    (folder / "config.json").write_text("{")
+    with pytest.raises(MechsinkError, match="cannot be read as a transformers config"):
+        load_model(f"organism:{folder}", device="cpu")
+
+
+def test_scan_progress_bar_ends_at_n_when_n_is_not_a_multiple_of_the_batch(tmp_path,
+                                                                            monkeypatch):
+    from rich.progress import Progress
+
+    seen: list[float] = []
+    real_update = Progress.update
+
+    def update(self, task_id, **kwargs):
+        real_update(self, task_id, **kwargs)
+        seen.append(self._tasks[task_id].completed)
+
+    monkeypatch.setattr(Progress, "update", update)
+    result = _invoke(["scan", "random:gpt2-tiny", "--out", str(tmp_path), "--n", "5",
+                      "--batch-size", "2", "--seq-len", "8", "--suite", "natural",
+                      "--suite", "random", "--variant", "bos", "--no-report"])
+    assert result.exit_code == 0, result.output
+    assert seen == [2, 4, 5, 7, 9, 10]  # per run 2, 4, 5 of 5; two runs

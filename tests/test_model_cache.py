@@ -1,0 +1,165 @@
+"""The verified conversion cache: checksums written with every converted file, checked on load,
+damaged or partial conversions rebuilt from the source by themselves (on a tiny fake entry)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from mechsink import zoo
+from mechsink.zoo import ZooEntry, conversion_problem, load_model, random_hf_model
+
+NAME = "fake-tiny"
+TOKENS = torch.tensor([[50256, 464, 3139, 286, 4881, 318, 6342]])
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch):
+    """A named zoo entry whose 'source' is random:llama-tiny, seed 3, built into a temp cache."""
+    model, tok = random_hf_model("llama-tiny", seed=3)  # tokenizer from the real cache
+    with torch.no_grad():
+        expected = model(TOKENS).logits
+    builds: list[Path] = []
+
+    def build(folder: Path) -> None:
+        builds.append(folder)
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(zoo.NAMED_MODELS, NAME, ZooEntry(NAME, "a tiny fake", build))
+    return builds, expected, tmp_path / "cache" / "models" / NAME
+
+
+def _logits(name: str = NAME) -> torch.Tensor:
+    with torch.no_grad():
+        return load_model(name, device="cpu")(TOKENS)
+
+
+def _keep_mtime(path: Path, edit) -> None:
+    st = path.stat()
+    edit(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_conversion_records_size_and_sha256_of_every_file(fake):
+    builds, expected, folder = fake
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    assert len(builds) == 1  # the second load used the cache
+    files = json.loads((folder / "checksums.json").read_text())["files"]
+    on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                     if p.is_file() and p.name != "checksums.json")
+    assert sorted(files) == on_disk and "model.safetensors" in files
+    import hashlib
+
+    for rel, rec in files.items():
+        data = (folder / rel).read_bytes()
+        assert rec["size"] == len(data) and rec["sha256"] == hashlib.sha256(data).hexdigest()
+
+
+def _ff_in_middle(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(path.stat().st_size // 2)
+        f.write(b"\xff" * 4096)
+
+
+def _flip_200_bits(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    gen = torch.Generator().manual_seed(0)
+    start = 1000  # past the header
+    for i in torch.randint(start, len(data), (200,), generator=gen).tolist():
+        data[i] ^= 1 << (i % 8)
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 4096)
+
+
+def _break_header(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.write(b"\xff" * 8)  # the safetensors header length
+
+
+@pytest.mark.parametrize("damage, keep_mtime", [
+    (_ff_in_middle, False),  # same size, new time: the cheap check hashes it
+    (_flip_200_bits, False),
+    (_truncate, False),  # size differs
+    (_break_header, True),  # same size and time: caught by the load error, then a full hash
+    (lambda p: p.unlink(), False),  # a deleted weights file
+], ids=["4KiB-0xFF", "200-bits", "truncated", "broken-header", "deleted"])
+def test_damaged_conversion_is_rebuilt_saying_so(fake, capfd, damage, keep_mtime):
+    builds, expected, folder = fake
+    _logits()
+    weights = folder / "model.safetensors"
+    if keep_mtime:
+        _keep_mtime(weights, damage)
+    else:
+        damage(weights)
+    capfd.readouterr()
+    out = _logits()
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    assert len(builds) == 2
+    err = capfd.readouterr().err
+    assert "damaged" in err and "rebuilding" in err and "model.safetensors" in err
+    assert conversion_problem(folder, full=True) is None
+
+
+def test_partial_conversion_without_marker_or_checksums_is_rebuilt(fake, capfd):
+    builds, expected, folder = fake
+    _logits()
+    (folder / "checksums.json").unlink()  # e.g. written by an older mechsink
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    (folder / "mechsink.json").unlink()
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    assert len(builds) == 3
+    assert "checksums.json is missing" in capfd.readouterr().err
+
+
+def test_copied_cache_with_new_times_is_hashed_once_and_kept(fake):
+    builds, _, folder = fake
+    _logits()
+    for p in folder.rglob("*"):
+        if p.is_file() and p.name != "checksums.json":
+            os.utime(p, ns=(1, 1))  # as `cp -r` without -p would leave it: new times, same bytes
+    assert conversion_problem(folder) is None  # hashed, found whole, times recorded
+    files = json.loads((folder / "checksums.json").read_text())["files"]
+    assert {rec["mtime_ns"] for rec in files.values()} == {1}
+    _logits()
+    assert len(builds) == 1
+
+
+def test_models_does_not_list_a_broken_conversion_as_cached(fake):
+    _, _, folder = fake
+    _logits()
+    row = next(r for r in zoo.list_models() if r["name"] == NAME)
+    assert row["cached"] and row["problem"] is None
+    _keep_mtime(folder / "model.safetensors", _ff_in_middle)  # invisible to the cheap check
+    row = next(r for r in zoo.list_models() if r["name"] == NAME)
+    assert row["cached"]
+    row = next(r for r in zoo.list_models(verify=True) if r["name"] == NAME)
+    assert not row["cached"] and "sha256" in row["problem"]
+    _truncate(folder / "model.safetensors")
+    row = next(r for r in zoo.list_models() if r["name"] == NAME)
+    assert not row["cached"] and "bytes" in row["problem"]
+
+
+def test_models_verify_command(fake):
+    from typer.testing import CliRunner
+
+    from mechsink.cli import app
+
+    _, _, folder = fake
+    _logits()
+    ok = CliRunner().invoke(app, ["models", "--verify"])
+    assert ok.exit_code == 0, ok.output
+    _keep_mtime(folder / "model.safetensors", _ff_in_middle)
+    bad = CliRunner().invoke(app, ["models", "--verify"])
+    assert bad.exit_code == 1 and "sha256" in bad.output and NAME in bad.output
