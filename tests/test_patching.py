@@ -277,7 +277,7 @@ def test_equals_transformer_lens_smollm2(smollm2, site, layers):
     assert (res.values - ref.double()).abs().max() <= 1e-4
 
 
-def _tl_on_layers(model, fn, site, corrupted, cache, layers):
+def _tl_on_layers(model, fn, site, corrupted, cache, layers, metric=None):
     """transformer_lens.patching restricted to some layers, via its own index_df path."""
     import itertools
 
@@ -289,7 +289,7 @@ def _tl_on_layers(model, fn, site, corrupted, cache, layers):
               "head_index": range(n_heads)}
     rows = list(itertools.product(*(ranges[a] for a in axes)))
     df = pd.DataFrame(rows, columns=list(axes))
-    flat = tlp.generic_activation_patch(model, corrupted, cache, logit_metric,
+    flat = tlp.generic_activation_patch(model, corrupted, cache, metric or logit_metric,
                                         fn.keywords["patch_setter"],
                                         fn.keywords["activation_name"], index_df=df)
     return flat.reshape(len(layers), *[len(ranges[a]) for a in axes[1:]])
@@ -429,3 +429,35 @@ def test_progress_bar_is_silent_off_a_terminal(gpt2_tiny, capsys):
     activation_patch(gpt2_tiny, clean, corrupted, "z", logit_metric)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+@pytest.mark.slow
+def test_prefix_reuse_on_gemma_sliding_window_layers():
+    """Gemma 3 (sliding-window and global layers, two rotary bases, GQA 4q/1kv): the resid_pre
+    and z sweeps with prefix reuse equal the plain ones, and the plain one equals
+    TransformerLens's own loop on one layer."""
+    from mechsink import load_model
+    from mechsink.patching import engine
+
+    model = load_model("gemma3-270m", device="cpu")
+    clean = to_tokens(model, "When Mary and John went to the store, John", prepend_bos=True)
+    corrupted = to_tokens(model, "When Mary and John went to the store, Mary", prepend_bos=True)
+    metric = LogitDiff(100, 200)
+    for site in (parse_site("resid_pre", layers=(1, 5, 7)), parse_site("z", layers=(5,))):
+        fast = activation_patch(model, clean, corrupted, site, metric)
+        engine.SPEEDUPS["prefix_reuse"] = False
+        try:
+            plain = activation_patch(model, clean, corrupted, site, metric)
+        finally:
+            engine.SPEEDUPS["prefix_reuse"] = True
+        # 1e-5 relative: the logit difference is about -25 here, where float32 rounding of
+        # differently shaped batches alone moves values by a few 1e-6
+        scale = max(1.0, plain.values.abs().max().item())
+        assert (fast.values - plain.values).abs().max() <= 1e-5 * scale
+        assert (fast.values - fast.corrupted_value).abs().max() > 1e-3
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+        ref = _tl_on_layers(model, tlp.get_act_patch_resid_pre, "resid_pre", corrupted, cache,
+                            (7,), metric=lambda lg: lg[0, -1, 100] - lg[0, -1, 200])
+    res = activation_patch(model, clean, corrupted, parse_site("resid_pre", layers=(7,)), metric)
+    assert (res.values - ref.double()).abs().max() <= 1e-4
