@@ -67,12 +67,12 @@ def tl_cells(model, fn, corrupted, cache, metric, layers):
 
 def throughput(model, seq_len: int, rows: int = 32) -> tuple[float, float]:
     """Layer-tokens per second of one large batched forward (blocks only) and unembedded
-    tokens per second, best of three."""
+    tokens per second, best of two."""
     n_layers = int(model.cfg.n_layers)
     resid = torch.randn(rows, seq_len, int(model.cfg.d_model))
     final = engine.final_resid(model)
     blocks, heads = [], []
-    for _ in range(3):
+    for _ in range(2):
         _, t = timed(lambda: run_from_layer(model, resid, 0, stop_after={final}))
         blocks.append(rows * seq_len * n_layers / t)
         _, t = timed(lambda: unembed(model, resid))
@@ -124,8 +124,13 @@ def main() -> None:
           f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
     _, cache = model.run_with_cache(clean)
     model(corrupted)  # warm-up
-    lt_s, ut_s = throughput(model, seq_len)
-    print(f"throughput: {lt_s:,.0f} layer-tokens/s (blocks), {ut_s:,.0f} tokens/s (unembedding)")
+
+    def rate() -> tuple[float, float]:
+        """Throughput now (the machine is shared: measured again before every sweep)."""
+        lt_s, ut_s = throughput(model, seq_len)
+        print(f"  throughput: {lt_s:,.0f} layer-tokens/s (blocks), {ut_s:,.0f} tokens/s "
+              f"(unembedding), load average {os.getloadavg()[0]:.1f}", flush=True)
+        return lt_s, ut_s
 
     rows = []
     cells = [(lay, p) for lay in all_layers for p in range(seq_len)]
@@ -145,6 +150,7 @@ def main() -> None:
          least_work(cells, n_layers, seq_len, 1, read_layer=mid, logit_positions=0)),
     ]
     for label, site, layers, m, fn, (lt, ut) in sweeps:
+        lt_s, ut_s = rate()
         res, t_ms = timed(lambda site=site, layers=layers, m=m: activation_patch(
             model, clean, corrupted, parse_site(site, layers=layers), m))
         if fn is not None:
@@ -196,6 +202,7 @@ def main() -> None:
                        batch_size=None)
         return a, b
 
+    lt_s, _ = rate()
     _, t_p0 = timed(p0)
     b0, t = tokens.shape
     lt = 0
