@@ -245,3 +245,23 @@ def test_bad_input_is_refused_before_work(planted, tokens):
         chain.channel_surgery(planted, [D], 0)
     with pytest.raises(BadInputError, match="out of range"):
         chain.key_logit_split(planted, tokens, 5, 0, [MASSIVE])
+
+
+@pytest.mark.slow
+def test_smollm2_complete_set_has_several_neurons_and_its_removal_moves_the_sink(smollm2):
+    """SmolLM2's massive channel 507 appears in block 11 (measured: 29 -> 24,900 at position 0),
+    written by more than one neuron; removing the whole set lowers Gu's sink rate."""
+    from mechsink.prompts import make_prompts
+    from mechsink.readout import massive_channel_sets
+
+    tokens = make_prompts(smollm2, "natural", "bos", n=4, seq_len=32).tokens
+    found = massive_channel_sets(smollm2, tokens)
+    assert (found["channel"], found["creating_layer"]) == (507, 11)
+    complete = found["sets"][11]
+    assert len(complete.units) > 1 and complete.explained >= 0.95
+    assert complete.units[0] == 1229  # the single super neuron the census always found
+    dr = chain.dose_response(smollm2, tokens, chain.neuron_set(smollm2, 11, complete.units,
+                                                               channels=[507]), [0.0, 1.0])
+    off, on = dr.row(0.0), dr.row(1.0)
+    assert off.sink_rate.high < on.sink_rate.low  # intervals apart, downwards
+    assert abs(off.channel.mean) < 0.1 * abs(on.channel.mean)
