@@ -3,10 +3,21 @@ fix, circuit selection and faithfulness curves.
 
 :class:`GraphRun` sets a call up once (tokens, metric, corruption); :func:`eap`,
 :func:`eap_ig` and :func:`exact_scores` score every edge; :mod:`mechsink.discover.circuit`
-picks and evaluates circuits; :mod:`mechsink.discover.plot` draws them.
+picks and evaluates circuits, :mod:`mechsink.discover.faithfulness` draws their curves with a
+random baseline, :mod:`mechsink.discover.plot` draws both; :func:`discover` does it all.
 """
 
+from mechsink.discover.circuit import (
+    Circuit,
+    edges_from_names,
+    faithfulness,
+    greedy,
+    node_circuit_edges,
+    top_n,
+)
+from mechsink.discover.faithfulness import Curve, auc, curve, default_sizes
 from mechsink.discover.graph import Graph, MetricPoint, Receiver, Sender, metric_point
+from mechsink.discover.pipeline import Discovery, discover
 from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.discover.scores import (
     METHODS,
@@ -19,6 +30,8 @@ from mechsink.discover.scores import (
 )
 
 __all__ = [
-    "METHODS", "EdgeScores", "Graph", "GraphRun", "MetricPoint", "Receiver", "Sender", "eap",
-    "eap_ig", "exact_scores", "graph_mode", "metric_point", "score_edges", "spearman",
+    "METHODS", "Circuit", "Curve", "Discovery", "EdgeScores", "Graph", "GraphRun",
+    "MetricPoint", "Receiver", "Sender", "auc", "curve", "default_sizes", "discover", "eap",
+    "eap_ig", "edges_from_names", "exact_scores", "faithfulness", "graph_mode", "greedy",
+    "metric_point", "node_circuit_edges", "score_edges", "spearman", "top_n",
 ]

@@ -1,0 +1,156 @@
+"""Discovery end to end: score every edge, pick a circuit, draw its faithfulness curves per
+ablation, save JSON and figures. What ``mechsink discover`` and the p0_edges experiment call.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
+from mechsink.discover.faithfulness import Curve, curve, default_sizes
+from mechsink.discover.run import GraphRun
+from mechsink.discover.scores import EdgeScores, score_edges
+from mechsink.errors import BadInputError
+from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.patching.engine import TokensLike
+from mechsink.patching.metrics import Metric
+
+SCHEMA = "mechsink-discover/1"
+
+
+@dataclass
+class Discovery:
+    """Scores, the chosen circuit and the faithfulness curves of one discovery run."""
+
+    scores: EdgeScores
+    circuit: Circuit
+    curves: list[Curve] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self, *, top: int = 500) -> dict[str, Any]:
+        return {"schema": SCHEMA, **self.meta, "scores": self.scores.to_dict(top=top),
+                "circuit": self.circuit.to_dict(), "curves": [c.to_dict() for c in self.curves]}
+
+    def summary(self) -> str:
+        return summary(self.to_dict(top=20))
+
+    def save(self, out: str | Path) -> Path:
+        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
+        ``circuit.png``, ``faithfulness.png`` and ``summary.md`` into ``out``."""
+        from mechsink.discover.plot import draw_circuit, draw_curves
+
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        data = self.to_dict()
+        atomic_write_json(out / "discover.json", data)
+        self.circuit.save(out / "circuit.json")
+        draw_circuit(data["circuit"], out / "circuit.png")
+        if self.curves:
+            draw_curves(data["curves"], out / "faithfulness.png")
+        atomic_write_text(out / "summary.md", summary(data))
+        return out
+
+
+def discover(
+    model: Any,
+    clean: TokensLike,
+    metric: Metric | Callable[[Tensor], Tensor],
+    *,
+    corrupted: TokensLike | None = None,
+    ablation: str | None = None,
+    positions: Sequence[int] | None = None,
+    method: str = "eap-ig",
+    steps: int = 5,
+    ig: str = "inputs",
+    qk_fix: bool = True,
+    verify: int = 20,
+    select: str = "top",
+    n_edges: int | None = None,
+    target: float = 0.9,
+    curve_ablations: Sequence[str] = (),
+    n_random: int = 3,
+    prepend_bos: bool = True,
+    seed: int = 0,
+) -> Discovery:
+    """Score every edge with ``method``, select a circuit (``select="top"``: the ``n_edges``
+    best, default the smallest measured size reaching ``target``; ``"greedy"``), and draw its
+    faithfulness curve under the scoring corruption and each of ``curve_ablations``."""
+    if select not in ("top", "greedy"):
+        raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
+    run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
+                   positions=positions, prepend_bos=prepend_bos, seed=seed)
+    kw: dict[str, Any] = {}
+    if method in ("eap", "eap-ig"):
+        kw = {"qk_fix": qk_fix, "verify": verify}
+    if method == "eap-ig":
+        kw |= {"steps": steps, "ig": ig}
+    scores = score_edges(run, method, **kw)
+    order = scores.order().tolist()
+    curves = [curve(run, order, label=method, n_random=n_random, seed=seed)]
+    if select == "greedy":
+        circuit = greedy(run, scores, target=target, max_edges=n_edges)
+    else:
+        if n_edges is None:
+            reached = curves[0].size_reaching(target)
+            n_edges = reached if reached is not None else run.graph.n_edges
+        circuit = top_n(scores, n_edges)
+        circuit.faithfulness = float(faithfulness(run, circuit.mask().unsqueeze(0))[0])
+    for abl in curve_ablations:
+        other = GraphRun(model, run.tokens, run.metric, ablation=abl,
+                         positions=_positions(run, abl), prepend_bos=False, seed=seed)
+        curves.append(curve(other, order, label=method, n_random=n_random, seed=seed))
+    meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
+        "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges}
+    return Discovery(scores, circuit, curves, meta)
+
+
+def _positions(run: GraphRun, ablation: str) -> list[int] | None:
+    """The scoring run's positions (all of them stay all, except for position_mean)."""
+    pos = run.positions.nonzero().flatten().tolist()
+    if len(pos) == run.seq_len:
+        if ablation == "position_mean":
+            raise BadInputError("a position_mean curve needs the scoring run to corrupt some "
+                                "positions only (positions=[...]).")
+        return None
+    return pos
+
+
+def summary(data: dict[str, Any]) -> str:
+    """Markdown: the settings, the top edges, the checks, the circuit and the curves."""
+    s = data["scores"]
+    lines = [f"# Edge discovery: {data.get('method')} on {data.get('metric')}", "",
+             f"- graph: {s['graph']['n_edges']} edges, metric read at "
+             f"{s['graph']['metric_point']['kind']} {s['graph']['metric_point']['layer']}",
+             f"- corruption: {data.get('corruption')}; clean {s['clean_value']:.4g}, "
+             f"settings {s['settings']}", "",
+             "| edge | score |" + (" first order |" if s["edges"] and "first_order" in
+                                    s["edges"][0] else ""),
+             "|---|---|" + ("---|" if s["edges"] and "first_order" in s["edges"][0] else "")]
+    for e in s["edges"][:15]:
+        fo = f" {e['first_order']:.4g} |" if "first_order" in e else ""
+        lines.append(f"| {e['edge']} | {e['score']:.4g} |{fo}")
+    cs = s.get("check_summary") or {}
+    if cs:
+        lines += ["", f"Top {cs['k']} edges re-patched exactly: Spearman "
+                  f"{cs['score']['spearman']:.3f}, max |error| "
+                  f"{cs['score']['max_abs_error']:.3g} (first order: Spearman "
+                  f"{cs['first_order']['spearman']:.3f}, max |error| "
+                  f"{cs['first_order']['max_abs_error']:.3g})."]
+    c = data["circuit"]
+    f = c.get("faithfulness")
+    lines += ["", f"Circuit: {c['n_edges']} edges ({c['how']}), faithfulness "
+              f"{'n/a' if f is None or (isinstance(f, float) and math.isnan(f)) else f'{f:.3f}'}",
+              "", "| curve | ablation | AUC | random AUC |", "|---|---|---|---|"]
+    for cv in data["curves"]:
+        lines.append(f"| {cv['label']} | {cv['ablation']} | {cv['auc']:.3f} | "
+                     f"{cv['random_auc']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Discovery", "default_sizes", "discover", "summary"]

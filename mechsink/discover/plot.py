@@ -1,0 +1,128 @@
+"""Static figures of edge circuits and faithfulness curves, drawn from their JSON dicts (never
+from a model; matplotlib only, so they work offline).
+
+:func:`draw_circuit`: nodes by layer (embedding, each layer's heads, its MLP, the metric),
+an edge per kept edge, width by |score|, colour by the receiving input (query, key, value,
+MLP, metric), dashed when the score is negative. :func:`draw_curves`: faithfulness against
+edges kept per ablation, each with its random-circuit band.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+_HEAD = re.compile(r"^L(\d+)(H|KV)(\d+)(?:\.([qkv]))?$")
+_MLP = re.compile(r"^MLP(\d+)$")
+KIND_COLOURS = {"q": "#0072B2", "k": "#E69F00", "v": "#009E73", "mlp": "#CC79A7",
+                "metric": "#D55E00"}
+
+
+def _position(name: str, n_heads: int, n_layers: int, group: int) -> tuple[float, float]:
+    """x = stage (embed 0, heads of layer L at 2L+1, MLP L at 2L+2, metric last); y = head."""
+    if name == "embed":
+        return 0.0, (n_heads - 1) / 2
+    if name == "metric":
+        return 2.0 * n_layers + 1, (n_heads - 1) / 2
+    m = _MLP.match(name)
+    if m:
+        return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2
+    m = _HEAD.match(name)
+    if m is None:
+        raise ValueError(f"cannot place node {name!r}")
+    layer, kind, idx = int(m[1]), m[2], int(m[3])
+    y = idx * group + (group - 1) / 2 if kind == "KV" else idx
+    return 2.0 * layer + 1, float(y)
+
+
+def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
+                 max_edges: int = 200) -> Path:
+    """Draw a circuit dict (:meth:`~mechsink.discover.circuit.Circuit.to_dict`) into ``path``."""
+    import matplotlib.pyplot as plt
+
+    from mechsink.viz.style import save, styled
+
+    g = circuit["graph"]
+    n_heads, n_layers = int(g["n_heads"]), max(1, int(g["n_layers"]))
+    group = n_heads // int(g["n_kv_heads"])
+    edges = circuit["edges"][:max_edges]
+    scores = [abs(e.get("score", 1.0)) for e in edges] or [1.0]
+    top = max(scores) or 1.0
+    with styled():
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.7 * n_layers), max(3.0, 0.35 * n_heads
+                                                                          + 1.5)))
+        used: set[str] = set()
+        for e in edges:
+            recv = e["receiver"]
+            kind = "metric" if recv == "metric" else ("mlp" if recv.startswith("MLP")
+                                                     else recv[-1])
+            x0, y0 = _position(e["sender"], n_heads, n_layers, group)
+            x1, y1 = _position(recv.split(".")[0] if kind in "qkv" else recv, n_heads,
+                               n_layers, group)
+            if kind in "qkv":  # the receiving head reads at its left edge
+                x1 -= 0.25
+            s = e.get("score", 1.0)
+            ax.plot([x0, x1], [y0, y1], color=KIND_COLOURS[kind], alpha=0.75,
+                    linewidth=0.5 + 3.5 * abs(s) / top, linestyle="-" if s >= 0 else "--",
+                    label=kind if kind not in used else None, zorder=1)
+            used.add(kind)
+        nodes = {"embed", "metric"} | {f"L{lay}H{h}" for lay in range(n_layers)
+                                       for h in range(n_heads)}
+        nodes |= {s for s in g["senders"] if s.startswith("MLP")}
+        active = {e["sender"] for e in edges} | {e["receiver"].split(".")[0] for e in edges}
+        for name in nodes:
+            x, y = _position(name, n_heads, n_layers, group)
+            on = name in active
+            ax.scatter([x], [y], s=28 if on else 8, color="#000000" if on else "#BBBBBB",
+                       zorder=2)
+            if on:
+                ax.annotate(name, (x, y), fontsize=6, xytext=(2, 3), textcoords="offset points")
+        ticks = [0] + [2 * lay + 1 for lay in range(n_layers)] + [2 * n_layers + 1]
+        ax.set_xticks(ticks, ["embed"] + [f"L{lay}" for lay in range(n_layers)] + ["metric"],
+                      fontsize=6)
+        ax.set_ylabel("head")
+        ax.legend(title="into", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        faith = circuit.get("faithfulness")
+        extra = "" if faith is None or (isinstance(faith, float) and math.isnan(faith)) \
+            else f", faithfulness {faith:.2f}"
+        ax.set_title(title or f"{circuit['n_edges']} edges ({circuit['how']}{extra})")
+        fig.tight_layout()
+        return Path(save(fig, Path(path)))
+
+
+def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
+    """Faithfulness against edges kept: one panel per ablation, every ranking in it, each with
+    its random baseline (mean +- one standard deviation)."""
+    import matplotlib.pyplot as plt
+
+    from mechsink.viz.style import PALETTE, save, styled
+
+    ablations = list(dict.fromkeys(c["ablation"] for c in curves))
+    labels = list(dict.fromkeys(c["label"] for c in curves))
+    with styled():
+        fig, axes = plt.subplots(1, len(ablations), figsize=(3.6 * len(ablations), 3.0),
+                                 squeeze=False)
+        for ax, abl in zip(axes[0], ablations, strict=True):
+            for c in (c for c in curves if c["ablation"] == abl):
+                colour = PALETTE[labels.index(c["label"]) % len(PALETTE)]
+                x = [max(s, 0.5) for s in c["sizes"]]
+                ax.plot(x, c["values"], marker="o", color=colour,
+                        label=f"{c['label']} (AUC {c['auc']:.2f})")
+                lo = [m - s for m, s in zip(c["random_mean"], c["random_std"], strict=True)]
+                hi = [m + s for m, s in zip(c["random_mean"], c["random_std"], strict=True)]
+                ax.plot(x, c["random_mean"], color=colour, linestyle=":", linewidth=1,
+                        label=f"random (AUC {c['random_auc']:.2f})")
+                ax.fill_between(x, lo, hi, color=colour, alpha=0.12, linewidth=0)
+            ax.axhline(1.0, color="#999999", linewidth=0.6)
+            ax.axhline(0.0, color="#999999", linewidth=0.6)
+            ax.set_xscale("log")
+            ax.set_xlabel("edges kept (0 drawn at 0.5)")
+            ax.set_title(abl)
+            ax.legend(loc="best")
+        axes[0][0].set_ylabel("normalised metric")
+        if title:
+            fig.suptitle(title)
+        fig.tight_layout()
+        return Path(save(fig, Path(path)))
