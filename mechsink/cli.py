@@ -375,3 +375,94 @@ def sweep(
         console.print(f"failed: {s['id']}: {s['error']}", markup=False)
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def discover(
+    model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
+    metric: str = typer.Option(..., help="sink_score:L[:H], massive_value:L:POS:CH, "
+                               "resid_norm:L:POS, logit_diff[:A:B], log_prob:T, kl"),
+    out: str = typer.Option(..., "--out", help="folder for discover.json, circuit.json/.png, "
+                            "faithfulness.png, summary.md"),
+    method: str = typer.Option("eap-ig", help="eap, eap-ig or exact"),
+    clean: list[str] = typer.Option(None, help="clean prompt (repeat for a batch; default: "
+                                    "--n natural sequences of --seq-len tokens)"),
+    corrupted: list[str] = typer.Option(None, help="counterfactual prompts, one per --clean "
+                                        "(default: corrupt by --ablation)"),
+    ablation: str = typer.Option("position_mean", help="zero, batch_mean, position_mean or "
+                                 "resample (without --corrupted)"),
+    positions: str | None = typer.Option("0", help="corrupt senders at these positions only "
+                                         "(comma-separated; 'all' for every position)"),
+    n: int = typer.Option(8, help="natural prompts when --clean is not given"),
+    seq_len: int = typer.Option(32, help="tokens per natural prompt"),
+    steps: int = typer.Option(5, help="EAP-IG interpolation steps"),
+    ig: str = typer.Option("inputs", help="EAP-IG on inputs or activations"),
+    qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
+    verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
+    select: str = typer.Option("top", help="top (by score) or greedy"),
+    edges: int | None = typer.Option(None, help="circuit size (default: the smallest size "
+                                     "reaching --target)"),
+    target: float = typer.Option(0.9, help="faithfulness the circuit should reach"),
+    curves: str = typer.Option("", help="extra ablations for faithfulness curves, e.g. "
+                               "zero,batch_mean"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    seed: int | None = typer.Option(None, help="seed for random:... models"),
+) -> None:
+    """Edge-level circuit discovery: score every edge (EAP, EAP-IG or exact edge patching),
+    pick a circuit and draw its faithfulness curves."""
+    from mechsink.ablation import KINDS
+    from mechsink.discover import METHODS
+    from mechsink.discover import discover as run_discovery
+    from mechsink.io import check_writable
+    from mechsink.patching import parse_metric
+    from mechsink.zoo import load_model
+
+    try:  # every check that needs no model, before loading one
+        if method not in METHODS:
+            raise MechsinkError(f"--method must be one of {', '.join(METHODS)}, got {method!r}.")
+        extra = [a for a in curves.split(",") if a.strip()]
+        for a in ([] if corrupted else [ablation]) + extra:
+            if a not in KINDS:
+                raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
+        if corrupted and len(corrupted) != len(clean or []):
+            raise MechsinkError("give one --corrupted prompt per --clean prompt.")
+        if ig not in ("inputs", "activations"):
+            raise MechsinkError(f"--ig must be inputs or activations, got {ig!r}.")
+        if select not in ("top", "greedy"):
+            raise MechsinkError(f"--select must be top or greedy, got {select!r}.")
+        pos = None if positions in (None, "all") else list(parse_layers(positions,
+                                                                        "--positions") or ())
+        if metric.strip() != "logit_diff":
+            parse_metric(metric, None)
+        if steps < 1 or verify < 0 or n < 1:
+            raise MechsinkError("--steps and --n must be positive, --verify non-negative.")
+        _check_device(device)
+        check_context(model, seq_len, "--seq-len")
+        folder = check_writable(out)
+    except MechsinkError as exc:
+        fail(exc)
+    with _locked(folder):
+        try:
+            from mechsink.bridge import to_tokens as _to_tokens
+            from mechsink.prompts import make_prompts
+
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device, seed=seed)
+            if clean:
+                tokens = _to_tokens(bridge, clean, prepend_bos=True)
+            else:
+                tokens = make_prompts(bridge, "natural", "bos", n=n, seq_len=seq_len).tokens
+            corr = _to_tokens(bridge, corrupted, prepend_bos=True) if corrupted else None
+            the_metric = parse_metric(metric, bridge, tokens, corr)
+            with console.status(f"scoring edges ({method})"):
+                found = run_discovery(bridge, tokens, the_metric, corrupted=corr,
+                                      ablation=None if corr is not None else ablation,
+                                      positions=pos, method=method, steps=steps, ig=ig,
+                                      qk_fix=qk_fix, verify=verify, select=select,
+                                      n_edges=edges, target=target, curve_ablations=extra,
+                                      seed=seed or 0)
+            found.meta["model"] = model
+            found.save(folder)
+        except MechsinkError as exc:
+            fail(exc)
+    console.print(found.summary(), markup=False)
