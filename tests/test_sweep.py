@@ -211,3 +211,21 @@ def test_sweep_cli_reports_failures_with_exit_status(tmp_path):
     with pytest.raises(MechsinkError):
         load_spec(tmp_path / "missing.toml")
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_experiment_job_saves_what_the_experiment_gives_when_called_directly(tmp_path):
+    from mechsink.experiments import get_experiment
+
+    (tmp_path / "spec.toml").write_text(
+        'models = ["random:gpt2-tiny"]\njobs = ["experiment"]\n[experiment]\n'
+        'name = "structural_origin"\n[experiment.settings]\nn = 2\nseq_len = 16\n'
+        'positions = [4, 8]\n')
+    summary = run_sweep(tmp_path / "spec.toml", tmp_path / "out")
+    assert summary["failed"] == 0
+    saved = json.loads((tmp_path / "out" / "experiment" / "random_gpt2-tiny" / "result.json")
+                       .read_text())
+    direct = get_experiment("structural_origin").run(
+        load_model("random:gpt2-tiny", device="cpu"), model_name="random:gpt2-tiny", n=2,
+        seq_len=16, positions=[4, 8]).data
+    assert saved == {"experiment": "structural_origin", **json.loads(json.dumps(direct))}
+    assert (tmp_path / "out" / "experiment" / "random_gpt2-tiny" / "summary.md").is_file()
