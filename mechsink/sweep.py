@@ -186,6 +186,9 @@ def load_spec(path: str | Path) -> Spec:
         if job not in JOBS:
             raise BadInputError(f"{_where(spec, text, None, 'jobs', str(job))}: unknown job "
                                 f"{job!r}: choose from {', '.join(JOBS)}.")
+        if jobs.count(job) > 1:
+            raise BadInputError(f"{_where(spec, text, None, 'jobs')}: job {job!r} is listed "
+                                "twice.")
     settings: dict[str, dict[str, Any]] = {}
     for job in JOBS:
         given = raw.get(job, {})

@@ -168,6 +168,7 @@ def test_a_raising_shard_is_reported_and_the_others_finish(tmp_path):
     ('models = ["random:gpt2-tiny"]\njobs = ["census"]\nworkers = 2\n', 3, "'workers'"),
     ('models = ["random:gpt2-tiny"]\njobs = ["census"]\n[census]\nn = "four"\n', 4, "n must"),
     ('models = ["organism:nowhere"]\njobs = ["census"]\n', 1, "nowhere"),
+    ('models = ["random:gpt2-tiny"]\njobs = ["census", "census"]\n', 2, "twice"),
 ])
 def test_bad_spec_is_refused_before_any_work_naming_the_line(tmp_path, text, line, words):
     spec = tmp_path / "spec.toml"
