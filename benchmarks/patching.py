@@ -100,6 +100,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--z-layers", default="0,15,29")
+    ap.add_argument("--layers", default="all",
+                    help="layers of the resid_pre sweeps, e.g. 0,15,29 on a busy machine")
     ap.add_argument("--p0-blocks", type=int, default=4)
     ap.add_argument("--p0-n", type=int, default=8)
     ap.add_argument("--p0-seq-len", type=int, default=16)
@@ -118,7 +120,8 @@ def main() -> None:
         return logits[0, -1, john] - logits[0, -1, mary]
 
     z_layers = [int(x) for x in args.z_layers.split(",")]
-    all_layers = list(range(n_layers))
+    all_layers = list(range(n_layers)) if args.layers == "all" else [
+        int(x) for x in args.layers.split(",")]
     mid = n_layers // 2
     print(f"model {args.model}: {n_layers} layers, prompt {seq_len} tokens, torch threads "
           f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
@@ -132,21 +135,22 @@ def main() -> None:
               f"(unembedding), load average {os.getloadavg()[0]:.1f}", flush=True)
         return lt_s, ut_s
 
+    which = "" if args.layers == "all" else f" (layers {args.layers})"
     rows = []
     cells = [(lay, p) for lay in all_layers for p in range(seq_len)]
     z_cells = [(lay, p) for lay in z_layers for p in range(seq_len)
                for _ in range(int(model.cfg.n_heads))]
     sweeps = [
-        ("resid_pre x pos, LogitDiff", "resid_pre", all_layers, LogitDiff(john, mary),
+        (f"resid_pre x pos{which}, LogitDiff", "resid_pre", all_layers, LogitDiff(john, mary),
          tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
                                                  logit_positions=1)),
-        ("resid_pre x pos, logit callable", "resid_pre", all_layers, metric,
+        (f"resid_pre x pos{which}, logit callable", "resid_pre", all_layers, metric,
          tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
                                                  logit_positions=-1)),
         (f"z x pos x head (layers {args.z_layers}), LogitDiff", "z", z_layers,
          LogitDiff(john, mary), tlp.get_act_patch_attn_head_out_by_pos,
          least_work(z_cells, n_layers, seq_len, 1, read_layer=None, logit_positions=1)),
-        (f"resid_pre x pos, SinkScore({mid})", "resid_pre", all_layers, SinkScore(mid), None,
+        (f"resid_pre x pos{which}, SinkScore({mid})", "resid_pre", all_layers, SinkScore(mid), None,
          least_work(cells, n_layers, seq_len, 1, read_layer=mid, logit_positions=0)),
     ]
     for label, site, layers, m, fn, (lt, ut) in sweeps:
@@ -158,7 +162,7 @@ def main() -> None:
                 model, fn, corrupted, cache, metric, layers))
         else:  # TransformerLens has no sink metric: its loop with the same hook, one forward each
             def loop():
-                out = torch.zeros(n_layers, seq_len)
+                out = torch.zeros(len(all_layers), seq_len)
                 name = act_name("pattern", mid)
                 for layer, pos in cells:
                     src = cache[act_name("resid_pre", layer)]
@@ -169,7 +173,7 @@ def main() -> None:
 
                     with model.hooks(fwd_hooks=[(act_name("resid_pre", layer), hook)]):
                         _, c = model.run_with_cache(corrupted, names_filter=name)
-                    out[layer, pos] = c[name][:, :, :, 0].mean()
+                    out[all_layers.index(layer), pos] = c[name][:, :, :, 0].mean()
                 return out
 
             ref, t_tl = timed(loop)
@@ -230,8 +234,8 @@ def main() -> None:
         print("\nspeed ideas (resid_pre x pos, LogitDiff), each switched off alone:")
         for idea in engine.SPEEDUPS:
             engine.SPEEDUPS[idea] = False
-            _, t = timed(lambda: activation_patch(model, clean, corrupted, "resid_pre",
-                                                  LogitDiff(john, mary)))
+            _, t = timed(lambda: activation_patch(model, clean, corrupted, parse_site(
+                "resid_pre", layers=all_layers), LogitDiff(john, mary)))
             engine.SPEEDUPS[idea] = True
             print(f"  without {idea}: {t:.2f}s")
 
