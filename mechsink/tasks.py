@@ -117,7 +117,7 @@ class TextStream:
 def _text_tokens() -> np.ndarray:
     """All natural documents as one GPT-2 token stream, documents separated by <|endoftext|>.
 
-    Cached on disk beside the tokenizer (a few seconds to build, once).
+    Cached on disk beside the tokenizer (a few seconds to build, once; rebuilt if damaged).
     """
     from mechsink import assets
     from mechsink.corpus import natural_documents
@@ -125,7 +125,13 @@ def _text_tokens() -> np.ndarray:
 
     path = assets.cache_dir() / "data" / "natural-gpt2-tokens.npy"
     if path.is_file():
-        return np.load(path)
+        try:
+            return np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:  # damaged: build it again, saying so
+            import sys
+
+            print(f"mechsink: the cached {path} is damaged ({exc}); building it again.",
+                  file=sys.stderr, flush=True)
     tok = gpt2_tokenizer()
     ids: list[int] = []
     for doc in natural_documents():

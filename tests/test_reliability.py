@@ -333,3 +333,28 @@ def test_census_repeats_exactly_and_agrees_within_tolerance_across_thread_counts
     data = json.loads(one_a)
     data["runs"][0]["sink_score"][0][0] *= 1.0001
     assert _close(json.loads(one_a), data) != []
+
+
+def test_damaged_token_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from mechsink import assets, corpus, tasks, zoo
+
+    tok = zoo.gpt2_tokenizer()  # the real one, before the cache moves
+    docs = (SimpleNamespace(text="Attention sinks"), SimpleNamespace(text="form early."))
+    monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(zoo, "gpt2_tokenizer", lambda: tok)
+    monkeypatch.setattr(corpus, "natural_documents", lambda: docs)
+    path = tmp_path / "data" / "natural-gpt2-tokens.npy"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x93NUMPY garbage")  # a damaged cache file
+    tasks._text_tokens.cache_clear()
+    try:
+        rebuilt = tasks._text_tokens()
+    finally:
+        tasks._text_tokens.cache_clear()
+    expected = [i for d in docs for i in tok(d.text)["input_ids"] + [50256]]
+    assert "damaged" in capfd.readouterr().err
+    assert rebuilt.tolist() == expected and np.load(path).tolist() == expected
