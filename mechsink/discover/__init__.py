@@ -3,7 +3,7 @@ fix, circuit selection and faithfulness curves.
 
 :class:`GraphRun` sets a call up once (tokens, metric, corruption); :func:`eap`,
 :func:`eap_ig` and :func:`exact_scores` score every edge; :mod:`mechsink.discover.circuit`
-picks and evaluates circuits, :mod:`mechsink.discover.faithfulness` draws their curves with a
+picks and evaluates circuits, :mod:`mechsink.discover.curves` draws their curves with a
 random baseline, :mod:`mechsink.discover.plot` draws both; :func:`discover` does it all.
 """
 
@@ -15,7 +15,7 @@ from mechsink.discover.circuit import (
     node_circuit_edges,
     top_n,
 )
-from mechsink.discover.faithfulness import Curve, auc, curve, default_sizes
+from mechsink.discover.curves import Curve, auc, curve, default_sizes
 from mechsink.discover.graph import Graph, MetricPoint, Receiver, Sender, metric_point
 from mechsink.discover.pipeline import Discovery, discover
 from mechsink.discover.run import GraphRun, graph_mode

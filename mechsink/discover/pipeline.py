@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
-from mechsink.discover.faithfulness import Curve, curve, default_sizes
+from mechsink.discover.curves import Curve, curve, default_sizes
 from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, score_edges
 from mechsink.errors import BadInputError

@@ -82,6 +82,7 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
         ticks = [0] + [2 * lay + 1 for lay in range(n_layers)] + [2 * n_layers + 1]
         ax.set_xticks(ticks, ["embed"] + [f"L{lay}" for lay in range(n_layers)] + ["metric"],
                       fontsize=6)
+        ax.set_yticks(range(n_heads))
         ax.set_ylabel("head")
         ax.legend(title="into", loc="upper left", bbox_to_anchor=(1.0, 1.0))
         faith = circuit.get("faithfulness")
@@ -105,7 +106,13 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
         fig, axes = plt.subplots(1, len(ablations), figsize=(3.6 * len(ablations), 3.0),
                                  squeeze=False)
         for ax, abl in zip(axes[0], ablations, strict=True):
-            for c in (c for c in curves if c["ablation"] == abl):
+            ax.set_title(abl)
+            mine = [c for c in curves if c["ablation"] == abl]
+            if not any(math.isfinite(v) for c in mine for v in c["values"]):
+                ax.text(0.5, 0.5, "nothing to explain:\nclean = everything ablated",
+                        ha="center", va="center", transform=ax.transAxes)
+                continue
+            for c in mine:
                 colour = PALETTE[labels.index(c["label"]) % len(PALETTE)]
                 x = [max(s, 0.5) for s in c["sizes"]]
                 ax.plot(x, c["values"], marker="o", color=colour,
@@ -119,7 +126,6 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
             ax.axhline(0.0, color="#999999", linewidth=0.6)
             ax.set_xscale("log")
             ax.set_xlabel("edges kept (0 drawn at 0.5)")
-            ax.set_title(abl)
             ax.legend(loc="best")
         axes[0][0].set_ylabel("normalised metric")
         if title:
