@@ -101,6 +101,7 @@ def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("structural_origin", "smollm2-135m"),
     Experiment("p0_sink", "smollm2-135m"),
+    Experiment("p0_edges", "smollm2-135m"),
     Experiment("gpt2_query_bias", "organism:bb-gpt2-tiny"),
     Experiment("headwise_rmsnorm", None),
     Experiment("seedprint", None),
