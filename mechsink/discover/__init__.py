@@ -15,7 +15,7 @@ from mechsink.discover.circuit import (
     node_circuit_edges,
     top_n,
 )
-from mechsink.discover.curves import Curve, auc, curve, default_sizes
+from mechsink.discover.curves import Curve, auc, curve, default_sizes, sets_curve
 from mechsink.discover.graph import Graph, MetricPoint, Receiver, Sender, metric_point
 from mechsink.discover.pipeline import Discovery, discover
 from mechsink.discover.run import GraphRun, graph_mode
@@ -33,5 +33,5 @@ __all__ = [
     "METHODS", "Circuit", "Curve", "Discovery", "EdgeScores", "Graph", "GraphRun",
     "MetricPoint", "Receiver", "Sender", "auc", "curve", "default_sizes", "discover", "eap",
     "eap_ig", "edges_from_names", "exact_scores", "faithfulness", "graph_mode", "greedy",
-    "metric_point", "node_circuit_edges", "score_edges", "spearman", "top_n",
+    "metric_point", "node_circuit_edges", "score_edges", "sets_curve", "spearman", "top_n",
 ]

@@ -104,3 +104,34 @@ def curve(run: GraphRun, order: Sequence[int], *, label: str = "circuit",
     abl = "counterfactual" if run.ablation is None else str(run.ablation)
     return Curve(label, abl, n, list(sizes), values, mean, std, auc(sizes, values, n),
                  auc(sizes, mean, n), run.clean_value, float(empty))
+
+
+def sets_curve(run: GraphRun, sets: Sequence[Sequence[int]], *, label: str,
+               n_random: int = 3, seed: int = 0, batch: int = 4) -> Curve:
+    """The faithfulness of given edge sets (e.g. a node circuit grown one node at a time),
+    at their sizes, with random sets of the same sizes as the baseline."""
+    g = run.graph
+    n = g.n_edges
+    keeps = torch.zeros(len(sets), n, dtype=torch.bool)
+    for i, s in enumerate(sets):
+        keeps[i, [int(e) for e in s]] = True
+    sizes = [int(k.sum()) for k in keeps]
+    if sizes != sorted(sizes):
+        raise BadInputError("edge sets must come in order of size (a growing circuit).")
+    values = faithfulness(run, keeps, batch=batch).tolist()
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(max(n_random, 0)):
+        for s in sizes:
+            row = torch.zeros(n, dtype=torch.bool)
+            row[torch.randperm(n, generator=gen)[:s]] = True
+            rows.append(row)
+    if rows:
+        rv = faithfulness(run, torch.stack(rows), batch=batch).view(n_random, len(sizes))
+        mean, std = rv.mean(0).tolist(), (rv.std(0) if n_random > 1 else rv[0] * 0).tolist()
+    else:
+        mean = std = [math.nan] * len(sizes)
+    abl = "counterfactual" if run.ablation is None else str(run.ablation)
+    return Curve(label, abl, n, sizes, values, mean, std, auc(sizes, values, n),
+                 auc(sizes, mean, n), run.clean_value,
+                 float(getattr(run, "_empty_value", math.nan)))

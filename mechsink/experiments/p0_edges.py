@@ -1,0 +1,185 @@
+"""The P0-sink circuit as an edge graph (Peng, Li et al. 2026, "How Attention Sinks Emerge in
+Large Language Models: An Interpretability Perspective"), found by edge attribution.
+
+The question is p0_sink's: which early components' *position-0* outputs build the massive
+channel at position 0? Here every edge of the graph up to the super neuron's block is scored
+(EAP-IG by default: Hanna et al. 2024; with AtP*'s QK fix, Kramar et al. 2024), each
+sender's write at position 0 replaced by its mean over the later positions of the same
+sequence (``position_mean``, what an ordinary position writes). Then:
+
+1. the top edges, and the top ``verify`` re-patched exactly (how far first order was, and what
+   the QK fix changed);
+2. the circuit: the fewest top edges whose faithfulness (every other edge corrupted) reaches
+   ``target``;
+3. faithfulness curves per ablation type (position_mean and zero at position 0) with a
+   random-circuit baseline and AUC, next to the curve of the greedy *node* circuit
+   (:mod:`mechsink.circuit_search`: components added by single-ablation effect, each node set
+   turned into the edges among its members), so the two methods are compared on one axis.
+
+:func:`edge_part` does all of it for given tokens and super neuron, so the p0_sink experiment
+can add it to its own result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mechsink.circuit_search import minimal_circuit, single_effects
+from mechsink.discover import (
+    GraphRun,
+    curve,
+    faithfulness,
+    node_circuit_edges,
+    score_edges,
+    sets_curve,
+    top_n,
+)
+from mechsink.experiments.result import ExperimentResult
+from mechsink.patching import MassiveValue
+from mechsink.prompts import make_prompts
+from mechsink.readout import dominant_super_neuron
+
+FIGURE = "p0_edges.png"
+SCHEMA = "mechsink-p0-edges/1"
+
+
+def node_circuit(run: GraphRun) -> tuple[list[str], list[list[int]]]:
+    """The greedy node circuit (:func:`mechsink.circuit_search.minimal_circuit` on the edge
+    graph: a component is ablated by corrupting every edge out of it) and the edge sets of its
+    members added one at a time."""
+    g = run.graph
+    components = [s.name for s in g.senders if s.kind != "embed"]
+    sign = 1.0 if run.clean_value >= 0 else -1.0
+    cache: dict[frozenset, float] = {}
+
+    def evaluate(ablated: frozenset) -> float:
+        if ablated not in cache:
+            keep = torch.tensor([g.senders[int(s)].name not in ablated for s in g.src])
+            cache[ablated] = sign * float(run.mask_values(keep.unsqueeze(0))[0])
+        return cache[ablated]
+
+    effects = single_effects(components, evaluate)
+    found = minimal_circuit(components, evaluate, effects=effects)
+    members = [str(m) for m in found.members]
+    sets = [node_circuit_edges(g, members[:i + 1]) for i in range(len(members))]
+    return members, sets
+
+
+def edge_part(
+    model: Any, tokens: torch.Tensor, *, channel: int, layer: int, method: str = "eap-ig",
+    steps: int = 5, qk_fix: bool = True, verify: int = 20, target: float = 0.9,
+    ablations: Sequence[str] = ("position_mean", "zero"), n_random: int = 3, top: int = 40,
+) -> dict[str, Any]:
+    """The edge circuit of the massive ``channel`` at position 0 after block ``layer``."""
+    metric = MassiveValue(layer, 0, channel)
+    runs = {a: GraphRun(model, tokens, metric, ablation=a, positions=[0], prepend_bos=False)
+            for a in ablations}
+    run = runs[ablations[0]]
+    kw: dict[str, Any] = {} if method == "exact" else {"qk_fix": qk_fix, "verify": verify}
+    if method == "eap-ig":
+        kw["steps"] = steps
+    scores = score_edges(run, method, **kw)
+    order = scores.order().tolist()
+    qk: dict[str, Any] = {}
+    if qk_fix and scores.first_order is not None:
+        first = torch.argsort(scores.first_order.abs(), descending=True, stable=True)
+        k = min(20, len(order))
+        qk = {"top20_overlap": len(set(order[:k]) & set(first[:k].tolist())),
+              "edges_rescored": int((scores.values != scores.first_order).sum()),
+              "largest_changes": sorted(
+                  ({"edge": run.graph.edge_names[e], "first_order": float(scores.first_order[e]),
+                    "fixed": float(scores.values[e])} for e in range(run.graph.n_edges)),
+                  key=lambda r: -abs(r["fixed"] - r["first_order"]))[:8]}
+    members, node_sets = node_circuit(run)
+    full = list(range(run.graph.n_edges))
+    curves = []
+    for r in runs.values():
+        curves.append(curve(r, order, label=f"edges ({method})", n_random=n_random).to_dict())
+        curves.append(sets_curve(r, [[]] + node_sets + [full], label="greedy node circuit",
+                                 n_random=n_random).to_dict())
+    reached = next((s for s, v in zip(curves[0]["sizes"], curves[0]["values"], strict=True)
+                    if v >= target), run.graph.n_edges)
+    circuit = top_n(scores, reached)
+    circuit.faithfulness = float(faithfulness(run, circuit.mask().unsqueeze(0))[0])
+    data = scores.to_dict(top=top)
+    return {"metric": f"massive channel {channel} at position 0 after block {layer}",
+            "method": method, "settings": data["settings"], "graph": data["graph"],
+            "clean_value": scores.clean_value,
+            "everything_ablated": {a: getattr(r, "_empty_value", None) for a, r in runs.items()},
+            "top_edges": data["edges"], "checks": data["checks"],
+            "check_summary": data["check_summary"], "qk_fix": qk,
+            "circuit": circuit.to_dict(), "node_circuit": members,
+            "node_circuit_edges": len(node_sets[-1]) if node_sets else 0, "curves": curves}
+
+
+def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int = 16,
+        method: str = "eap-ig", steps: int = 5, verify: int = 20, n_random: int = 3,
+        target: float = 0.9) -> ExperimentResult:
+    """The P0-sink edge circuit on ``n`` natural sequences of ``seq_len`` tokens (with BOS)."""
+    tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
+    sn = dominant_super_neuron(model, tokens)
+    part = edge_part(model, tokens, channel=sn["channel"], layer=sn["layer"], method=method,
+                     steps=steps, verify=verify, n_random=n_random, target=target)
+    data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
+            "seq_len": seq_len, "super_neuron": {k: sn[k] for k in ("layer", "neuron",
+                                                                     "channel")}, **part}
+    return ExperimentResult("p0_edges", data)
+
+
+def summary(data: dict[str, Any]) -> str:
+    """Markdown: the graph, the top edges, the checks and QK fix, the circuits and curves."""
+    g, sn = data["graph"], data["super_neuron"]
+    lines = [f"# P0-sink edge circuit: {data['model']}", "",
+             f"- input: {data['n']} natural sequences of {data['seq_len']} tokens with BOS",
+             f"- metric: {data['metric']} (super neuron L{sn['layer']}N{sn['neuron']}); clean "
+             f"{data['clean_value']:.4g}",
+             f"- graph: {g['n_edges']} edges, {len(g['senders'])} senders; scores: "
+             f"{data['method']} {data['settings']}", "",
+             "| edge | score | first order |", "|---|---|---|"]
+    for e in data["top_edges"][:12]:
+        first = e.get("first_order", e["score"])
+        lines.append(f"| {e['edge']} | {e['score']:.4g} | {first:.4g} |")
+    cs = data["check_summary"]
+    if cs:
+        lines += ["", f"Top {cs['k']} re-patched exactly: Spearman {cs['score']['spearman']:.3f}"
+                  f" (first order {cs['first_order']['spearman']:.3f}), max |error| "
+                  f"{cs['score']['max_abs_error']:.3g} (first order "
+                  f"{cs['first_order']['max_abs_error']:.3g})."]
+    qk = data.get("qk_fix") or {}
+    if qk:
+        lines += [f"QK fix: {qk['edges_rescored']} edges rescored; top-20 overlap with first "
+                  f"order {qk['top20_overlap']}/20."]
+    c = data["circuit"]
+    lines += ["", f"Edge circuit: {c['n_edges']} of {g['n_edges']} edges, faithfulness "
+              f"{_f(c['faithfulness'])} (criterion: the fewest top edges reaching the target "
+              "on the position_mean curve).",
+              f"Greedy node circuit: {', '.join(data['node_circuit']) or '(empty)'} = "
+              f"{data['node_circuit_edges']} edges.", "",
+              "| curve | ablation | AUC | random AUC |", "|---|---|---|---|"]
+    for cv in data["curves"]:
+        lines.append(f"| {cv['label']} | {cv['ablation']} | {_f(cv['auc'])} | "
+                     f"{_f(cv['random_auc'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def figure(data: dict[str, Any], path: Path) -> Path:
+    """Faithfulness curves (edge and node circuits, per ablation) into ``path``; the edge
+    circuit beside it as ``<name>_circuit.png``."""
+    from mechsink.discover.plot import draw_circuit, draw_curves
+
+    out = draw_curves(data["curves"], path, title=f"P0-sink circuit, {data['model']}")
+    draw_circuit(data["circuit"], Path(path).with_name(Path(path).stem + "_circuit.png"),
+                 title=f"P0-sink edge circuit, {data['model']}")
+    return out
+
+
+__all__ = ["FIGURE", "SCHEMA", "edge_part", "figure", "node_circuit", "run", "summary"]
