@@ -89,7 +89,7 @@ def edge_part(
     if qk_fix and scores.first_order is not None:
         first = torch.argsort(scores.first_order.abs(), descending=True, stable=True)
         k = min(20, len(order))
-        qk = {"top20_overlap": len(set(order[:k]) & set(first[:k].tolist())),
+        qk = {"k": k, "top_k_overlap": len(set(order[:k]) & set(first[:k].tolist())),
               "edges_rescored": int((scores.values != scores.first_order).sum()),
               "largest_changes": sorted(
                   ({"edge": run.graph.edge_names[e], "first_order": float(scores.first_order[e]),
@@ -152,8 +152,8 @@ def summary(data: dict[str, Any]) -> str:
                   f"{cs['first_order']['max_abs_error']:.3g})."]
     qk = data.get("qk_fix") or {}
     if qk:
-        lines += [f"QK fix: {qk['edges_rescored']} edges rescored; top-20 overlap with first "
-                  f"order {qk['top20_overlap']}/20."]
+        lines += [f"QK fix: {qk['edges_rescored']} edges rescored; top-{qk['k']} overlap with "
+                  f"first order {qk['top_k_overlap']}/{qk['k']}."]
     c = data["circuit"]
     lines += ["", f"Edge circuit: {c['n_edges']} of {g['n_edges']} edges, faithfulness "
               f"{_f(c['faithfulness'])} (criterion: the fewest top edges reaching the target "
