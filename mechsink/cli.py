@@ -56,8 +56,8 @@ def check_context(model: str, seq_len: int, option: str) -> None:
 
     n_ctx = context_of(model)
     if n_ctx is not None and seq_len > n_ctx:
-        raise MechsinkError(f"{option} {seq_len} is longer than {model}'s context ({n_ctx} "
-                            "tokens): use a shorter sequence.")
+        raise MechsinkError(f"{option} {seq_len} is longer than the model's context ({model}: "
+                            f"{n_ctx} tokens): use a shorter sequence.")
 
 
 def _check_device(device: str | None) -> None:

@@ -176,7 +176,7 @@ def test_info_on_cuda_without_cuda(no_load):
     (["--out", "/proc/mechsink-x"], ["/proc/mechsink-x cannot be written"]),
     (["--out", ""], ["--out is empty"]),
     (["--out", "{tmp}/d", "--batch-size", "0"], ["--batch-size", "got 0"]),
-    (["--out", "{tmp}/d", "--seq-len", "999"], ["--seq-len 999", "context (256 tokens)"]),
+    (["--out", "{tmp}/d", "--seq-len", "999"], ["--seq-len 999", "context (random:gpt2-tiny: 256"]),
     (["--out", "{tmp}/d", "--device", "cuda:7"], ["cuda:7"]),
 ], ids=["proc", "empty", "batch-size", "seq-len", "device"])
 def test_scan_checks_before_loading(tmp_path, no_load, args, needles):
