@@ -385,9 +385,9 @@ def discover(
     out: str = typer.Option(..., "--out", help="folder for discover.json, circuit.json/.png, "
                             "faithfulness.png, summary.md"),
     method: str = typer.Option("eap-ig", help="eap, eap-ig or exact"),
-    clean: list[str] = typer.Option(None, help="clean prompt (repeat for a batch; default: "
+    clean: list[str] | None = typer.Option(None, help="clean prompt (repeat for a batch; default: "
                                     "--n natural sequences of --seq-len tokens)"),
-    corrupted: list[str] = typer.Option(None, help="counterfactual prompts, one per --clean "
+    corrupted: list[str] | None = typer.Option(None, help="counterfactual prompts, one per --clean "
                                         "(default: corrupt by --ablation)"),
     ablation: str = typer.Option("position_mean", help="zero, batch_mean, position_mean or "
                                  "resample (without --corrupted)"),
