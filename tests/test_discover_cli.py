@@ -50,7 +50,7 @@ def test_discover_command_writes_its_files(tmp_path: Path) -> None:
 
 def test_p0_edges_end_to_end_and_rerendered_from_json(llama_tiny, tmp_path: Path) -> None:
     assert "model_name" in get_experiment("p0_edges").settings()
-    result = p0_edges.run(llama_tiny, n=2, seq_len=8, steps=2, verify=3, n_random=1)
+    result = p0_edges.run(llama_tiny, n=2, seq_len=6, steps=1, verify=3, n_random=1)
     data = result.data
     labels = {(c["label"], c["ablation"]) for c in data["curves"]}
     assert labels == {("edges (eap-ig)", "position_mean"), ("greedy node circuit",

@@ -83,7 +83,8 @@ def edges_from_names(graph: Graph, names: Iterable[str]) -> list[int]:
     return [graph.edge_index(n) for n in names]
 
 
-def faithfulness(run: GraphRun, keeps: Bool[Tensor, "n edge"], *, batch: int = 4) -> Tensor:
+def faithfulness(run: GraphRun, keeps: Bool[Tensor, "n edge"], *,
+                 batch: int | None = None) -> Tensor:
     """Normalised metric for each row of edges kept (every other edge corrupted)."""
     full, empty = run.clean_value, _empty(run)
     values = run.mask_values(keeps, batch=batch)
@@ -110,7 +111,7 @@ def top_n(scores: EdgeScores, n: int) -> Circuit:
 
 
 def greedy(run: GraphRun, scores: EdgeScores, *, target: float = 0.9, window: int = 8,
-           max_edges: int | None = None, batch: int = 4) -> Circuit:
+           max_edges: int | None = None, batch: int | None = None) -> Circuit:
     """Grow a circuit one edge at a time: among the next ``window`` edges by |score|, add the
     one whose addition gives the highest faithfulness (exactly evaluated); stop at ``target``
     or ``max_edges``. Costs about ``window`` forwards per edge added."""

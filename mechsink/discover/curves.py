@@ -72,7 +72,7 @@ def auc(sizes: Sequence[int], values: Sequence[float], n_edges: int) -> float:
 
 def curve(run: GraphRun, order: Sequence[int], *, label: str = "circuit",
           sizes: Sequence[int] | None = None, n_random: int = 3, seed: int = 0,
-          batch: int = 4) -> Curve:
+          batch: int | None = None) -> Curve:
     """The faithfulness of the first ``k`` edges of ``order`` for each ``k`` in ``sizes``
     (default :func:`default_sizes`), and of ``n_random`` random edge sets per size. Edges not in
     ``order`` come last (in graph order) when a size needs more."""
@@ -107,7 +107,7 @@ def curve(run: GraphRun, order: Sequence[int], *, label: str = "circuit",
 
 
 def sets_curve(run: GraphRun, sets: Sequence[Sequence[int]], *, label: str,
-               n_random: int = 3, seed: int = 0, batch: int = 4) -> Curve:
+               n_random: int = 3, seed: int = 0, batch: int | None = None) -> Curve:
     """The faithfulness of given edge sets (e.g. a node circuit grown one node at a time),
     at their sizes, with random sets of the same sizes as the baseline."""
     g = run.graph

@@ -440,8 +440,21 @@ class GraphRun:
         ones = self.graph.valid.to(self.delta.dtype).unsqueeze(0)
         return float(self.run_coeffs(ones)[0][0])
 
-    def mask_values(self, keep: Bool[Tensor, "copies edge"], *, batch: int = 4) -> Tensor:
-        """Metric with every edge *outside* ``keep[c]`` corrupted, per row ``c``."""
+    def copies_per_forward(self) -> int:
+        """Edge-coefficient runs stacked per forward: at most 32, within the memory budget
+        (each copy holds the senders' corrupted writes, what they write in the run, their
+        difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
+        its activations)."""
+        budget = self.memory_budget or engine.DEFAULT_MEMORY_BUDGET
+        per = 4 * self.delta.numel() * self.delta.element_size() + engine.bytes_per_copy(
+            self.model, self.batch, self.seq_len, 0, -1)
+        return max(1, min(32, budget // max(1, per)))
+
+    def mask_values(self, keep: Bool[Tensor, "copies edge"], *, batch: int | None = None
+                    ) -> Tensor:
+        """Metric with every edge *outside* ``keep[c]`` corrupted, per row ``c`` (``batch``
+        rows per forward; default :meth:`copies_per_forward`)."""
+        batch = batch or self.copies_per_forward()
         out = []
         for lo in range(0, keep.shape[0], batch):
             rows = keep[lo:lo + batch]
