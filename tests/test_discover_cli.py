@@ -87,3 +87,35 @@ def test_exact_edge_patch_equals_path_patch_on_smollm2(smollm2) -> None:
         pp = path_patch(smollm2, clean, None, [s + "@0"], [r], SinkScore(3),
                         ablation="position_mean", batch_size=1)
         assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_gemma_head_writes_add_up_and_exact_edges_match_path_patch() -> None:
+    """Gemma normalises the attention output after the heads (sandwich norms): the heads'
+    writes (each scaled by the run's norm scale) add up to the block's write, and edges out of
+    the embedding and MLPs equal path_patch."""
+    from mechsink import load_model
+    from mechsink.bridge import act_name
+    from mechsink.discover import GraphRun, exact_scores, graph_mode
+    from mechsink.patching import SinkScore, path_patch
+
+    model = load_model("gemma3-270m", device="cpu")
+    g = torch.Generator().manual_seed(0)
+    clean = torch.randint(1000, 20000, (2, 8), generator=g)
+    clean[:, 0] = 2
+    run = GraphRun(model, clean, SinkScore(3), ablation="position_mean", positions=[0])
+    assert run.post_norm
+    with torch.no_grad(), graph_mode(model):
+        _, cache = model.run_with_cache(clean)
+    for layer in range(3):
+        total = run.head_writes(dict(cache.cache_dict), layer).sum(2)
+        ref = cache[act_name("attn_out", layer)]
+        assert (total - ref).abs().max() <= 1e-3 * ref.abs().max()
+    names = ["embed->L1H2.q", "MLP0->L2KV0.k", "MLP1->metric", "embed->MLP2"]
+    edges = [run.graph.edge_index(n) for n in names]
+    ours = exact_scores(run, edges=edges).values
+    for e in edges:
+        s, r = run.graph.path_spec(e)
+        pp = path_patch(model, clean, None, [s + "@0"], [r], SinkScore(3),
+                        ablation="position_mean", batch_size=1)
+        assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value, abs=1e-4)

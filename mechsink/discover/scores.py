@@ -145,7 +145,9 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = 
            verify: int = 20, edges: Sequence[int] | None = None) -> EdgeScores:
     """EAP-IG with ``steps`` interpolation points (midpoint rule), on ``"inputs"`` or
     ``"activations"`` (see the module doc). ``edges`` (activations only): interpolate these
-    edges alone, the others stay clean (IG along one edge is its exact patch)."""
+    edges alone, the others stay clean (IG along one edge is its exact patch). ``qk_fix``
+    replaces the scores of edges into queries and keys by AtP*'s estimate at the clean run
+    (one more backward pass), as :func:`eap` does."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInputError(f"steps must be a positive integer, got {steps!r}.")
     if ig not in ("inputs", "activations"):
