@@ -222,6 +222,21 @@ def remove_query_bias(model: Any, layer: int) -> Intervention:
     return Intervention(act_name("attn.hook_q", layer), fn, f"layer {layer}: query bias removed")
 
 
+def remove_key_bias(model: Any, layer: int) -> Intervention:
+    """Subtract ``b_K`` from every key of ``layer`` (before any rotation; per KV head)."""
+    _check_layer(model, layer)
+    b_k = getattr(model, "b_K", None)
+    if b_k is None or not bool(b_k[layer].detach().abs().max() > 0):
+        raise BadInputError("this model's attention has no key bias at layer "
+                            f"{layer}, so there is nothing to remove.")
+    bias = b_k[layer].detach()
+
+    def fn(k: Tensor, hook: Any) -> Tensor:
+        return k - bias.to(k.dtype)
+
+    return Intervention(act_name("attn.hook_k", layer), fn, f"layer {layer}: key bias removed")
+
+
 def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
     """Replace ``W_K`` by ``W_K R`` with a random orthogonal ``R`` per head (``b_K`` kept).
 
