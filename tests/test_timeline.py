@@ -62,9 +62,13 @@ def test_query_bias_runs_end_to_end(tmp_path):
     gpt2_query_bias.run(model, model_name="organism:bb-gpt2-tiny", n=4, seq_len=24,
                         top=2).save(out)
     result = json.loads((out / "result.json").read_text())
-    assert result["schema"] == "mechsink-c6/1" and len(result["sink_heads"]) == 2
-    assert set(result["ablations"]) == {"no query bias", "W_K rotated",
-                                        "layer-0 MLP at pos 0 mean-ablated"}
+    assert result["schema"] == "mechsink-c6/2" and len(result["sink_heads"]) == 2
+    assert set(result["ablations"]) == {"no query bias", "no key bias", "no query or key bias",
+                                        "W_K rotated", "layer-0 MLP at pos 0 mean-ablated"}
+    head = result["sink_heads"][0]
+    assert set(head["parts_key0_minus_rest"]) == {"content", "query bias", "key bias",
+                                                  "both biases"}
+    assert head["delta_key0_minus_rest"] == head["parts_key0_minus_rest"]["query bias"]
     assert (out / "ablations.png").is_file() and "verdict" in (out / "summary.md").read_text()
 
 

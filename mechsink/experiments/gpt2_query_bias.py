@@ -3,9 +3,13 @@
 
 The claim: in models with a learned query bias and absolute positions, the sink comes from
 (i) the query bias b_Q, (ii) the layer-0 MLP acting on position 0's embedding, (iii) structure
-in W_K. We (1) find the sink heads, (2) split each one's logits into the query-independent
-Delta_j = b_Q . (x_j W_K) and the rest and compare how much each favours key 0, then (3) remove
-each part in turn and measure the sink score again.
+in W_K. We (1) find the sink heads, (2) split each one's logits into four bilinear parts
+(content, the query-independent Delta_j = b_Q . (x_j W_K), the key-bias part and b_Q . b_K,
+each rotated as the model rotates queries and keys) and compare how much each favours key 0,
+then (3) remove each part in turn (query bias; key bias and both where the model has one; W_K's
+structure; the layer-0 MLP at position 0) and measure the sink score again. On a model with
+rotary positions (Qwen2) the key-bias parts depend on the key's position, so they need not
+cancel in the softmax as they do under absolute positions.
 """
 
 from __future__ import annotations
@@ -15,17 +19,29 @@ from typing import Any
 
 import torch
 
-from mechsink.bridge import act_name, norm_params
+from mechsink.bridge import act_name, has_hook, norm_params
 from mechsink.experiments.result import ExperimentResult
-from mechsink.interventions import ablate, applied, remove_query_bias, rotate_keys
+from mechsink.interventions import (
+    ablate,
+    applied,
+    remove_key_bias,
+    remove_query_bias,
+    rotate_keys,
+)
 from mechsink.measure import sink_scores
 from mechsink.prompts import make_prompts
-from mechsink.query_bias import delta_attribution, residual_components, split_attention_logits
+from mechsink.query_bias import (
+    BIAS_PARTS,
+    BiasSplit,
+    bias_logit_split,
+    delta_attribution,
+    residual_components,
+)
 from mechsink.training import task_of
 
 FIGURE = "ablations.png"
 
-SCHEMA = "mechsink-c6/1"
+SCHEMA = "mechsink-c6/2"
 NECESSARY = 0.5  # a part is necessary when removing it leaves < half the sink score
 
 
@@ -45,23 +61,38 @@ def head_scores(model, tokens, interventions=()) -> torch.Tensor:
     return sink_scores(cache).no_self.mean(0)
 
 
-def key0_advantage(model, cache, layer: int, head: int) -> dict:
-    """How much Delta and the rest favour key 0 over the other keys (logit units), and which
-    residual pieces (token / position embedding, earlier outputs) make up Delta_0; read from
-    the clean run's cache."""
-    w, b = norm_params(model, layer)
-    parts = delta_attribution(residual_components(cache, layer),
-                              cache[act_name("ln1.hook_scale", layer)], w, b,
-                              model.W_K[layer], model.b_Q[layer])
-    split = split_attention_logits(cache[act_name("ln1.hook_out", layer)], model.W_Q[layer],
-                                   model.b_Q[layer], model.W_K[layer], model.b_K[layer])
-    delta, rest = split.delta[:, head], split.rest[:, head]  # [b, key], [b, query, key]
-    t = delta.shape[-1]
+def key0_advantage(model: Any, cache: Any, split: BiasSplit, layer: int, head: int) -> dict:
+    """How much each logit part favours key 0 over the other keys a query sees (logit units,
+    queries i >= 1 against keys 1..i), and, on GPT-2-style models (absolute positions), which
+    residual pieces (token / position embedding, earlier outputs) make up Delta_0."""
+    t = split.parts["content"].shape[-1]
     causal = torch.ones(t, t).tril().bool()[1:, 1:]  # keys 1..i for queries 1..T-1
-    rest_others = (rest[:, 1:, 1:] * causal).sum(-1) / causal.sum(-1)
-    return {"delta_key0_minus_rest": (delta[:, 0] - delta[:, 1:].mean(-1)).mean().item(),
-            "content_key0_minus_rest": (rest[:, 1:, 0] - rest_others).mean().item(),
-            "delta0_parts": {k: v[:, head].mean().item() for k, v in parts.items()}}
+
+    def advantage(part: torch.Tensor) -> float:
+        p = part[:, head].float()  # [batch, query, key]
+        others = (p[:, 1:, 1:] * causal).sum(-1) / causal.sum(-1)
+        return (p[:, 1:, 0] - others).mean().item()
+
+    adv = {name: advantage(part) for name, part in split.parts.items()}
+    out = {"delta_key0_minus_rest": adv["query bias"],
+           "content_key0_minus_rest": sum(v for k, v in adv.items() if k != "query bias"),
+           "parts_key0_minus_rest": adv,
+           "parts_at_key0": {k: v[:, head, 1:, 0].float().mean().item()
+                             for k, v in split.parts.items()},
+           "delta0_parts": None}
+    if has_hook(model, "hook_pos_embed"):  # residual pieces are named GPT-2 style
+        w, b = norm_params(model, layer)
+        parts = delta_attribution(residual_components(cache, layer),
+                                  cache[act_name("ln1.hook_scale", layer)], w, b,
+                                  model.W_K[layer], model.b_Q[layer])
+        out["delta0_parts"] = {k: v[:, head].mean().item() for k, v in parts.items()}
+    return out
+
+
+def has_key_bias(model: Any, layers: list[int]) -> bool:
+    """Whether every layer in ``layers`` has a learned, non-zero key bias."""
+    b_k = getattr(model, "b_K", None)
+    return b_k is not None and all(bool(b_k[lay].detach().abs().max() > 0) for lay in layers)
 
 
 def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int = 64,
@@ -74,11 +105,16 @@ def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int 
     order = base.flatten().argsort(descending=True)[: top].tolist()
     heads = [(i // base.shape[1], i % base.shape[1]) for i in order]
     sink_layers = sorted({layer for layer, _ in heads})
-    with torch.no_grad():  # one clean run feeds every head's logit split
+    with torch.no_grad():  # one clean run feeds the Delta_0 attribution
         _, cache = model.run_with_cache(tokens)
+    splits = {layer: bias_logit_split(model, tokens, layer) for layer in sink_layers}
 
     ablations = {
         "no query bias": [remove_query_bias(model, layer) for layer in sink_layers],
+        **({"no key bias": [remove_key_bias(model, layer) for layer in sink_layers],
+            "no query or key bias": [edit for layer in sink_layers for edit in (
+                remove_query_bias(model, layer), remove_key_bias(model, layer))]}
+           if has_key_bias(model, sink_layers) else {}),
         "W_K rotated": [rotate_keys(model, layer, seed=0) for layer in sink_layers],
         "layer-0 MLP at pos 0 mean-ablated": [ablate(model, "hook_mlp_out", 0, mode="mean",
                                                      positions=[0])],
@@ -86,7 +122,8 @@ def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int 
     result = {"schema": SCHEMA, "model": model_name, "n": n, "seq_len": seq_len,
               "inputs": "task" if task_of(model_name) else "natural text, BOS",
               "sink_heads": [{"layer": lay, "head": h, "sink_score": base[lay, h].item(),
-                              **key0_advantage(model, cache, lay, h)} for lay, h in heads],
+                              **key0_advantage(model, cache, splits[lay], lay, h)}
+                             for lay, h in heads],
               "ablations": {}}
     for name, edits in ablations.items():
         after = head_scores(model, tokens, edits)
@@ -106,18 +143,27 @@ def summary(result: dict[str, Any]) -> str:
              f"Inputs: {result['n']} sequences of {result['seq_len']} tokens "
              f"({result['inputs']}). Sink score: key 0, "
              "queries i > 0.", "",
-             "| head | sink score | Delta: key 0 minus others | rest: key 0 minus others |",
-             "|---|---|---|---|"]
+             "How much each part of the attention logit favours key 0 over the other keys a "
+             "query sees (logit units; the parts sum to the model's own logit): content "
+             "(x_i W_Q).(x_j W_K), query bias b_Q.(x_j W_K) (Delta_j), key bias (x_i W_Q).b_K, "
+             "both b_Q.b_K; rotated as the model rotates them.", "",
+             "| head | sink score | " + " | ".join(BIAS_PARTS) + " |",
+             "|---|---|" + "---|" * len(BIAS_PARTS)]
     for h in result["sink_heads"]:
         lines.append(f"| L{h['layer']}H{h['head']} | {h['sink_score']:.3f} | "
-                     f"{h['delta_key0_minus_rest']:+.3f} | {h['content_key0_minus_rest']:+.3f} |")
-    names = list(result["sink_heads"][0]["delta0_parts"])
-    lines += ["", "Delta_0 split over the residual pieces at position 0 (LayerNorm scale frozen):",
-              "", "| head | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for h in result["sink_heads"]:
-        lines.append(f"| L{h['layer']}H{h['head']} | "
-                     + " | ".join(f"{h['delta0_parts'][k]:+.3f}" for k in names) + " |")
-    lines += ["", "| ablation | sink score per head after | fraction kept | verdict |",
+                     + " | ".join(f"{h['parts_key0_minus_rest'][k]:+.3f}" for k in BIAS_PARTS)
+                     + " |")
+    if result["sink_heads"][0]["delta0_parts"] is not None:
+        names = list(result["sink_heads"][0]["delta0_parts"])
+        lines += ["", "Delta_0 split over the residual pieces at position 0 (LayerNorm scale "
+                  "frozen):", "", "| head | " + " | ".join(names) + " |",
+                  "|---" * (len(names) + 1) + "|"]
+        for h in result["sink_heads"]:
+            lines.append(f"| L{h['layer']}H{h['head']} | "
+                         + " | ".join(f"{h['delta0_parts'][k]:+.3f}" for k in names) + " |")
+    lines += ["", f"Criterion: a part is *necessary* when removing it leaves less than "
+              f"{NECESSARY:.0%} of the studied heads' summed sink score, *dispensable* otherwise.",
+              "", "| ablation | sink score per head after | fraction kept | verdict |",
               "|---|---|---|---|"]
     for name, a in result["ablations"].items():
         lines.append(f"| {name} | {', '.join(f'{v:.3f}' for v in a['per_head'])} | "
