@@ -271,6 +271,7 @@ def patch(
     from mechsink.bridge import to_tokens as _to_tokens
     from mechsink.io import check_writable
     from mechsink.patching import activation_patch, parse_metric, parse_site
+    from mechsink.viz.patching import heatmap
     from mechsink.zoo import load_model
 
     try:  # every check that needs no model, before loading one
@@ -300,7 +301,7 @@ def patch(
             fail(exc)
         result.meta["model"] = model
         json_path = result.to_json(folder / "patch.json")
-        fig = result.heatmap()
+        fig = heatmap(result)
         fig.savefig(folder / "patch.png", dpi=120)
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
                   f"{result.corrupted_value:.4g}; wrote {json_path} and {folder / 'patch.png'}")
