@@ -37,6 +37,8 @@ bench: setup
 	$(BIN)/python benchmarks/census.py
 	$(BIN)/python benchmarks/patching.py
 	$(BIN)/python benchmarks/training.py
+	$(BIN)/python benchmarks/discover.py
+	$(BIN)/python benchmarks/sweep.py
 
 # The docs site: runs the experiments the pages show (cached in docs/_cache, so a second build
 # takes seconds), renders the pages and builds docs/_site. MECHSINK_DOCS_QUICK=1: tiny models.
