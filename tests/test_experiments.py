@@ -27,8 +27,8 @@ def test_every_experiment_has_run_summary_and_a_schema_constant() -> None:
 def test_settings_are_typed_by_the_signature() -> None:
     origin = get_experiment("structural_origin")
     assert origin.parse_settings(["--n", "4", "--seq-len", "32", "--positions", "8", "16",
-                                  "--scales", "0", "1.5"]) == {
-        "n": 4, "seq_len": 32, "positions": [8, 16], "scales": [0.0, 1.5]}
+                                  "--doses", "0", "1.5"]) == {
+        "n": 4, "seq_len": 32, "positions": [8, 16], "doses": [0.0, 1.5]}
     assert get_experiment("p0_sink").parse_settings(["--layers", "3"]) == {"layers": 3}
     with pytest.raises(BadInputError, match="--seq-len"):  # the message lists the options
         origin.parse_settings(["--seqlen", "3"])

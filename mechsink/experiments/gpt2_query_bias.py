@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from mechsink.bridge import act_name, has_hook, norm_params
+from mechsink.bridge import act_name, norm_params
 from mechsink.experiments.result import ExperimentResult
 from mechsink.interventions import (
     ablate,
@@ -80,7 +80,7 @@ def key0_advantage(model: Any, cache: Any, split: BiasSplit, layer: int, head: i
            "parts_at_key0": {k: v[:, head, 1:, 0].float().mean().item()
                              for k, v in split.parts.items()},
            "delta0_parts": None}
-    if has_hook(model, "hook_pos_embed"):  # residual pieces are named GPT-2 style
+    if "hook_pos_embed" in cache:  # absolute positions: residual pieces named GPT-2 style
         w, b = norm_params(model, layer)
         parts = delta_attribution(residual_components(cache, layer),
                                   cache[act_name("ln1.hook_scale", layer)], w, b,
