@@ -48,7 +48,7 @@ def sink_rate_table(data: Mapping[str, Any]) -> str:
 
 def massive_table(data: Mapping[str, Any], run: str, k: int = 5, median: str = "token") -> str:
     """The ``k`` largest massive activations of a run; ``median="token"`` (the median of the
-    token's own channels, SCIENCE.md) or ``"layer"`` (of the whole layer, Sun et al.'s code)."""
+    token's own channels) or ``"layer"`` (of the whole layer, Sun et al.'s code)."""
     r = run_of(data, run)
     key = "massive_activations" if median == "token" else "massive_activations_layer_median"
     items = sorted(r[key], key=lambda m: -abs(m["max_abs"]))[:k]
