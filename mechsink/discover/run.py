@@ -73,6 +73,12 @@ def graph_mode(model: Any) -> Iterator[None]:
                 setter(value)
 
 
+def _own_copy(hook: str) -> bool:
+    """Receiver inputs must be replaced, never written in place: the MLP's input aliases the
+    residual stream, and a per-head fork with one (KV) head can be a view of it."""
+    return hook.endswith(("hook_mlp_in", "_input"))
+
+
 @dataclass
 class _Slot:
     """Receivers read at one hook: the hook, the receivers' columns and head axis (or None)."""
@@ -299,7 +305,7 @@ class GraphRun:
                     if keep_writes:
                         deltas[slot.hook] = d.detach()
                     return new
-                return new if slot.hook.endswith("hook_mlp_in") else write_in_place(act, new)
+                return new if _own_copy(slot.hook) else write_in_place(act, new)
             return hook
 
         hooks: list[tuple[str, HookFn]] = []
@@ -414,8 +420,7 @@ class GraphRun:
                             else self.delta[:, :, u]
                     else:
                         new[rows, :, head] += self.delta[:, :, u]
-                # the MLP's input aliases the residual: only the MLP may see the patch
-                return new if hook.name.endswith("hook_mlp_in") else write_in_place(act, new)
+                return new if _own_copy(hook.name) else write_in_place(act, new)
             return hook
 
         hooks = [(h, patch(items)) for h, items in per_hook.items()]
