@@ -63,6 +63,11 @@ def node_circuit(run: GraphRun) -> tuple[list[str], list[list[int]]]:
             cache[ablated] = sign * float(run.mask_values(keep.unsqueeze(0))[0])
         return cache[ablated]
 
+    # every single ablation in stacked forwards (what single_effects would ask one at a time)
+    keeps = torch.stack([torch.tensor([g.senders[int(s)].name != c for s in g.src])
+                         for c in components])
+    for c, v in zip(components, run.mask_values(keeps).tolist(), strict=True):
+        cache[frozenset([c])] = sign * v
     effects = single_effects(components, evaluate)
     found = minimal_circuit(components, evaluate, effects=effects)
     members = [str(m) for m in found.members]
