@@ -32,6 +32,11 @@ from mechsink.patching import KLToClean
 from mechsink.prompts import make_prompts
 
 
+def say(text: str) -> None:
+    """Progress as each phase ends (a slow machine still shows what it measured)."""
+    print(text, flush=True)
+
+
 def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a - a.mean(), b - b.mean()
     return float((a * b).sum() / (a.norm() * b.norm()))
@@ -59,12 +64,16 @@ def main() -> None:
     run = GraphRun(model, tokens, KLToClean(-1), corrupted=corrupted)
     setup_s = time.perf_counter() - t
     g = run.graph
+    say(f"setup (clean and corrupted runs, sender writes): {setup_s:.1f} s; "
+        f"{g.n_edges} edges")
     t = time.perf_counter()
     ig = eap_ig(run, steps=args.steps, ig="inputs", verify=0)
     ig_s = time.perf_counter() - t
+    say(f"EAP-IG ({args.steps} steps): {ig_s:.1f} s")
     t = time.perf_counter()
     plain = eap(run, qk_fix=False, verify=0)
     eap_s = time.perf_counter() - t
+    say(f"EAP: {eap_s:.1f} s")
 
     gen = torch.Generator().manual_seed(args.seed)
     sample = torch.randperm(g.n_edges, generator=gen)[:args.sample].tolist()
@@ -72,6 +81,7 @@ def main() -> None:
     run.exact(sample)
     sample_s = time.perf_counter() - t
     per_edge = sample_s / len(sample)
+    say(f"exact, {len(sample)} uniform edges: {sample_s:.1f} s ({per_edge:.2f} s per edge)")
 
     top = ig.order()[:args.top].tolist()
     t = time.perf_counter()
