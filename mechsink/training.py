@@ -34,11 +34,11 @@ from mechsink.io import (
 )
 from mechsink.tasks import BigramBackcopy, TextStream
 from mechsink.variants import apply_headwise_rmsnorm
-from mechsink.zoo import load_weights, save_organism, seeded_model, task_of
+from mechsink.zoo import load_weights, organism_recipe, save_organism, seeded_model
 
 RUN_FORMAT = "mechsink-run/1"
 __all__ = ["RECIPES", "Recipe", "get_recipe", "train", "train_step", "checkpoint_steps",
-           "lr_at", "task_of"]  # task_of lives in mechsink.zoo; re-exported for old imports
+           "lr_at", "task_of"]
 
 
 @dataclass(frozen=True)
@@ -322,3 +322,12 @@ def _progress(enabled: bool) -> Progress:
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), disable=not enabled,
     )
+
+
+def task_of(model_name: str) -> BigramBackcopy | None:
+    """The synthetic task of an ``organism:...`` model, from the recipe its ``mechsink.json``
+    names (None for text organisms, unknown recipes and other models). It lives with the
+    recipes: the zoo reads the marker, the trainer knows what a recipe trains on."""
+    name = organism_recipe(model_name) or ""
+    recipe = RECIPES.get(name.removesuffix(HWRMS_SUFFIX))
+    return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None

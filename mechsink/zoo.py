@@ -42,8 +42,6 @@ from mechsink.variants import apply_variants, variants_of
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-    from mechsink.tasks import BigramBackcopy
-
 ORGANISM_FORMAT = "mechsink-organism/1"
 _MARKER = "mechsink.json"
 
@@ -661,21 +659,17 @@ def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[
     return _from_folder(folder, dtype)
 
 
-def task_of(model_name: str) -> BigramBackcopy | None:
-    """The synthetic task of an ``organism:...`` model, read from its recipe name in
-    ``mechsink.json`` (None for text organisms, unknown recipes and other models)."""
-    from mechsink.tasks import BigramBackcopy
-    from mechsink.training import HWRMS_SUFFIX, RECIPES  # the recipes live with the trainer
-
+def organism_recipe(model_name: str) -> str | None:
+    """The training recipe named in an ``organism:...`` model's ``mechsink.json`` (None for
+    other models, and for organisms whose marker names none)."""
     if not model_name.startswith("organism:"):
         return None
     marker = organism_folder(model_name.removeprefix("organism:")) / _MARKER
     try:
-        name = json.loads(marker.read_text()).get("recipe", "") if marker.is_file() else ""
+        name = json.loads(marker.read_text()).get("recipe") if marker.is_file() else None
     except (ValueError, AttributeError):
-        name = ""
-    recipe = RECIPES.get(str(name).removesuffix(HWRMS_SUFFIX))
-    return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None
+        name = None
+    return str(name) if name else None
 
 
 # --- helpers -------------------------------------------------------------------------------

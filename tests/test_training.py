@@ -218,10 +218,10 @@ def test_weight_decay_leaves_biases_norms_and_embeddings_alone(tmp_path):
         assert moved == (n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))), n
 
 
-def test_task_of_still_imports_from_training():
-    from mechsink.zoo import task_of
+def test_task_of_reads_the_organisms_recipe():
+    from mechsink.zoo import organism_recipe
 
-    assert training.task_of is task_of
-    assert task_of("organism:bb-gpt2-tiny") == BigramBackcopy()
-    assert task_of("random:gpt2-tiny") is None
+    assert organism_recipe("organism:bb-gpt2-tiny") == "bb-gpt2-tiny"
+    assert training.task_of("organism:bb-gpt2-tiny") == BigramBackcopy()
+    assert training.task_of("random:gpt2-tiny") is None
     assert not hasattr(Recipe("x", "gpt2", 1, 8, 1, "text"), "extra")
