@@ -485,7 +485,8 @@ def half_effect_dose(
     doses: Sequence[float], y: Sequence[float], channel: Sequence[float] | None = None,
 ) -> tuple[float | None, float | None]:
     """The dose in [0, 1] at which ``y`` first crosses halfway between y(0) and y(1), walking
-    up from 0, by linear interpolation; and ``channel`` interpolated at that dose."""
+    up from 0, by linear interpolation; and ``channel`` interpolated at that dose. None when
+    the grid has no dose strictly between 0 and 1."""
     pts = sorted((float(d), float(v), None if channel is None else float(channel[i]))
                  for i, (d, v) in enumerate(zip(doses, y, strict=True)) if 0.0 <= d <= 1.0)
     ds = [p[0] for p in pts]
@@ -493,8 +494,8 @@ def half_effect_dose(
         raise BadInputError("the dose grid must contain 0 (full removal) and 1 (clean).")
     y0, y1 = pts[0][1], pts[-1][1]
     half = (y0 + y1) / 2
-    if y0 == y1 or not (math.isfinite(y0) and math.isfinite(y1)):
-        return None, None
+    if len(pts) < 3 or y0 == y1 or not (math.isfinite(y0) and math.isfinite(y1)):
+        return None, None  # no dose between 0 and 1: the curve cannot place a threshold
     for (d0, v0, c0), (d1, v1, c1) in zip(pts, pts[1:], strict=False):
         if (v0 - half) * (v1 - half) <= 0 and v0 != v1:
             t = (half - v0) / (v1 - v0)

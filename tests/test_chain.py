@@ -234,6 +234,7 @@ def test_half_effect_dose_interpolates_and_needs_the_ends():
     assert ch == pytest.approx(10.0 + 10.0 * (0.5 - 0.2) / 0.8)
     with pytest.raises(BadInputError, match="must contain 0"):
         chain.half_effect_dose([0.5, 1.0], [0.2, 1.0])
+    assert chain.half_effect_dose([0.0, 1.0], [0.2, 1.0]) == (None, None)  # nothing between
 
 
 def test_bad_input_is_refused_before_work(planted, tokens):
