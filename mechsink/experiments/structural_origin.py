@@ -253,13 +253,30 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                      "sink score below half its clean value with non-overlapping 95% intervals; "
                      "partial if the intervals are apart but the drop is smaller",
         "evidence": f"{ev}; {ev_rate}"}
-    half = main["half_effect"]
-    if half["dose"] is not None:
+    curve, curve_verdict = main, verdict
+    builders = curves.get("all_builders")
+    if builders:
+        brows = {r["dose"]: r for r in builders["rows"]}
+        b_verdict, b_ev = _drop_verdict(brows[1.0]["late_sink_score"],
+                                        brows[0.0]["late_sink_score"], "late-layer sink score")
+        out["C3, every building block"] = {
+            "verdict": b_verdict,
+            "criterion": "as C3, removing the complete sets of every block that writes the "
+                         "channel up to its peak (where no single block creates it, this is "
+                         "the complete intervention)",
+            "evidence": f"{b_ev}; channel {abs(brows[1.0]['channel']['mean']):.1f} clean -> "
+                        f"{abs(brows[0.0]['channel']['mean']):.1f}"}
+        if verdict == "not supported" and b_verdict != "not supported":
+            curve, curve_verdict = builders, b_verdict
+    half = curve["half_effect"]
+    if half["dose"] is not None and curve_verdict != "not supported":
+        # a half-effect dose only means something on a curve whose full removal moves the sink
         out["saturation"] = {
             "verdict": "saturating" if half["dose"] < 0.5 else "graded",
             "criterion": "saturating if the sink is half gone only below dose 0.5 (the clean "
                          "channel is more than twice what the sink needs)",
-            "evidence": f"half-effect dose {half['dose']:.3g} (95% interval "
+            "evidence": f"{'every building block' if curve is builders else 'creating set'}: "
+                        f"half-effect dose {half['dose']:.3g} (95% interval "
                         f"{half['dose_interval']}), channel there {half['channel']:.1f} vs "
                         f"{ch_clean:.1f} clean"}
     single = curves.get("top_neuron_only")
