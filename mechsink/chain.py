@@ -464,7 +464,9 @@ class HalfEffect:
     """Where the late-layer sink score falls halfway from its clean value (factor 1) to its
     value at full removal (factor 0), read off the curve by linear interpolation; ``channel``
     is the channel at that dose (interpolated the same way), ``dose_interval`` the bootstrap
-    interval of the dose over prompts (None where a resample never crosses)."""
+    interval of the dose over prompts (None where a resample never crosses). ``dose`` is None
+    when full removal does not lower the sink score (the bootstrap interval of the per-prompt
+    clean-minus-removed difference reaches 0): a flat curve has no threshold."""
 
     dose: float | None
     channel: float | None
@@ -571,6 +573,11 @@ def _half_effect(
     if frame.channel_layer is not None and readouts[0].channels.shape[-1]:
         ch = torch.stack([r.channels[:, frame.channel_layer, 0] for r in readouts], 1).double()
     mean_y = y.mean(0).tolist()
+    effect = bootstrap_interval(y[:, grid.index(1.0)] - y[:, grid.index(0.0)], n_boot=n_boot,
+                                seed=seed)
+    if effect.low <= 0:  # full removal does not lower the sink beyond the prompt noise:
+        # there is no threshold to place (a flat curve would give a meaningless crossing)
+        return HalfEffect(None, None, mean_y[grid.index(1.0)], mean_y[grid.index(0.0)], None)
     dose, chan = half_effect_dose(grid, mean_y, None if ch is None else ch.mean(0).tolist())
     boots = []
     for idx in _resamples(y.shape[0], min(n_boot, 500), seed):

@@ -10,6 +10,8 @@ the docs build and the tests call them directly.
                        Origin of Attention Sink")
 ``p0_sink``            the P0-sink circuit by path patching (Peng, Li et al. 2026, "How
                        Attention Sinks Emerge in Large Language Models")
+``p0_edges``           the P0-sink circuit as an edge graph (EAP-IG with the QK fix, exact
+                       checks, faithfulness next to the greedy node circuit's)
 ``gpt2_query_bias``    the query-bias circuit of GPT-2-style models
 ``headwise_rmsnorm``   twin organisms with and without head-wise RMSNorm
 ``seedprint``          structure at random initialisation and SeedPrint (Li, Tong, Wang et
