@@ -45,7 +45,8 @@ QUICK = Plan(
     "quick", "random:llama-tiny",
     {"random:llama-tiny": {**SCAN_DEFAULTS, "n": 4, "seq_len": 32},
      "organism:bb-gpt2-tiny": {**SCAN_DEFAULTS, "n": 4, "seq_len": 32}},
-    {"structural_origin": {"n": 4, "seq_len": 32, "positions": [8, 16], "doses": [0, 0.5, 1, 2]},
+    {"structural_origin": {"n": 4, "seq_len": 32, "positions": [8, 16],
+                           "doses": [0.0, 0.5, 1.0, 2.0]},
      "p0_sink": {"n": 4, "seq_len": 32}},
     {"sink_census_walkthrough": {"N": 4, "SEQ_LEN": 32}},
 )
