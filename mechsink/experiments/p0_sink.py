@@ -41,7 +41,7 @@ from typing import Any
 
 from mechsink import chain
 from mechsink.circuit_search import minimal_circuit, single_effects
-from mechsink.experiments.result import ExperimentResult
+from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.interventions import ablate
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
@@ -321,10 +321,8 @@ def summary(result: dict) -> str:
     lines += ["", f"Minimal circuit: {', '.join(c['members']) or '(none)'}. Sink rate "
               f"{c['baseline']:.3f}; with the circuit ablated {c['without_circuit']:.3f} "
               f"(removes: {c['removes']}); with every other candidate ablated "
-              f"{c['circuit_only']:.3f} (preserves: {c['preserves']}).", "",
-              "Verdicts (criterion, then what was measured):", ""]
-    lines += [f"- **{claim}**: {v['verdict']}. Criterion: {v['criterion']}. Measured: "
-              f"{v['evidence']}." for claim, v in result["verdicts"].items()]
+              f"{c['circuit_only']:.3f} (preserves: {c['preserves']}).", ""]
+    lines += verdict_lines(result["verdicts"])
     lines += ["", f"![P0 circuit]({FIGURE})", ""]
     return "\n".join(lines)
 

@@ -11,6 +11,14 @@ from typing import Any
 from mechsink.io import atomic_write_json, atomic_write_text
 
 
+def verdict_lines(verdicts: dict[str, dict[str, str]]) -> list[str]:
+    """Markdown lines for verdicts written as ``{verdict, criterion, evidence}``: each verdict
+    with the criterion it was judged by, then what was measured."""
+    return ["Verdicts (criterion, then what was measured):", "",
+            *[f"- **{claim}**: {v['verdict']}. Criterion: {v['criterion']}. Measured: "
+              f"{v['evidence']}." for claim, v in verdicts.items()]]
+
+
 @dataclass(frozen=True)
 class ExperimentResult:
     """What ``mechsink.experiments.<name>.run`` returns.

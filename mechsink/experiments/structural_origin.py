@@ -33,7 +33,7 @@ import torch
 
 from mechsink import chain
 from mechsink.bridge import act_name
-from mechsink.experiments.result import ExperimentResult
+from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
 from mechsink.measure import variance_stats
 from mechsink.prompts import make_prompts
@@ -391,9 +391,7 @@ def summary(data: dict[str, Any]) -> str:
               f"{r['sink_at_k_after']:.3f} | {r['sink_at_0_before']:.3f} -> "
               f"{r['sink_at_0_after']:.3f} | {r['channel_at_k_before']:.1f} -> "
               f"{r['channel_at_k_after']:.1f} |" for r in data["move"]]
-    lines += ["", "Verdicts (criterion, then what was measured):", ""]
-    lines += [f"- **{claim}**: {v['verdict']}. Criterion: {v['criterion']}. Measured: "
-              f"{v['evidence']}." for claim, v in data["verdicts"].items()]
+    lines += ["", *verdict_lines(data["verdicts"])]
     lines += ["", f"![structural origin]({FIGURE})", ""]
     return "\n".join(lines)
 
