@@ -114,10 +114,11 @@ def test_p0_sink_runs_end_to_end(tmp_path):
 def test_structural_origin_on_smollm2_moves_the_sink():
     """The self-only mask makes position 8 a sink in the real model (Li, Jiang, Sun et al. 2026)."""
     result = structural_origin.run(load_model("smollm2-135m", device="cpu"), n=4, seq_len=32,
-                                   positions=[8], scales=[0, 1]).data
+                                   positions=[8], doses=[0.0, 0.5, 1.0]).data
     mask = next(r for r in result["move"] if r["intervention"] == "self-only mask")
     assert mask["sink_at_k_after"] > 5 * mask["sink_at_k_before"]
     assert result["super_neuron"]["channel"] == 507  # SmolLM2's massive channel
+    assert result["super_neuron_sets"]["channel"] == 507
 
 
 @pytest.mark.slow
