@@ -94,8 +94,22 @@ def wrap_hf(
             bridge.enable_compatibility_mode(no_processing=not fold_weights, disable_warnings=True)
         finally:
             logging.getLogger().setLevel(previous)
+    _use_variant_patterns(bridge)
     bridge.eval()
     return bridge
+
+
+def _use_variant_patterns(bridge: Any) -> None:
+    """Attention variants (mechsink.variants) replace the softmax over keys: the bridge's own
+    softmax, whose output hook_pattern sees and the values are weighted by, becomes theirs."""
+    from mechsink.variants import variant_pattern_fn
+
+    for module in bridge.modules():
+        if not hasattr(module, "_masked_softmax"):
+            continue
+        fn = variant_pattern_fn(getattr(module, "original_component", None))
+        if fn is not None:
+            module._masked_softmax = fn
 
 
 def hf_model_of(model: Any) -> nn.Module:
