@@ -17,7 +17,7 @@ from torch import Tensor
 from mechsink.ablation import Ablation, as_ablation
 from mechsink.bridge import act_name, write_in_place
 from mechsink.errors import BadInputError
-from mechsink.patching import engine
+from mechsink.patching import checks, engine
 from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imports)
     DEFAULT_TOKENS_PER_BATCH,
     SPEEDUPS,
@@ -32,6 +32,7 @@ from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 HookFn = Callable[..., Any]
+SIGNATURE = "activation_patch(model, clean, corrupted, site, metric, *, direction=..., ...)"
 
 
 def activation_patch(
@@ -64,6 +65,9 @@ def activation_patch(
     values so 0 = the run input's metric and 1 = the source input's (denoise: 0 = corrupted,
     1 = clean).
     """
+    checks.check_inputs("activation_patch", SIGNATURE, clean=clean, corrupted=corrupted,
+                        reference=reference)
+    checks.check_site_and_metric("activation_patch", SIGNATURE, site, metric)
     if direction not in ("denoise", "noise"):
         raise BadInputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
     abl = as_ablation(ablation, mean="batch_mean", seed=seed)
@@ -85,6 +89,8 @@ def activation_patch(
         model, reference, prepend_bos=prepend_bos)
     with torch.no_grad():
         s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep)
+        checks.check_baselines(s.metrics[0], s.clean_values[0], s.corrupted_values[0],
+                               normalize=normalize, dtype=getattr(model.cfg, "dtype", None))
         run = s.corrupted if direction == "denoise" else s.clean
         src = s.clean if direction == "denoise" else s.corrupted
         assert run is not None and src is not None
@@ -157,9 +163,9 @@ def _sweep(
     axis_vals = site.axis_values()
     shape = tuple(len(v) for v in axis_vals.values())
     index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
-    cell = {u: tuple(w[x] for w, x in zip(index_of, u, strict=True)) for u in site.units()}
+    cell = {u: tuple(w[x] for w, x in zip(index_of, u, strict=True)) for u in site.patches()}
     by_layer: dict[int, list[tuple[int, ...]]] = {}
-    for u in site.units():
+    for u in site.patches():
         by_layer.setdefault(u[0], []).append(u)
     pos_dim = 1 if site.family == "pattern" else 0  # position axis of one unit's mask
     got: dict[tuple[int, ...], Tensor] = {}

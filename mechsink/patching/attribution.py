@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mechsink.bridge import act_name, run_from_layer, unembed
 from mechsink.errors import BadInputError
-from mechsink.patching import engine
+from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens
 from mechsink.patching.metrics import Metric, Outputs, check_value
 from mechsink.patching.result import PatchResult
@@ -35,6 +35,9 @@ def attribution_patch(
     prepend_bos: bool = True,
 ) -> PatchResult:
     """The linear estimate of ``activation_patch(...)`` over ``site``, same layout and labels."""
+    signature = "attribution_patch(model, clean, corrupted, site, metric, *, direction=...)"
+    checks.check_inputs("attribution_patch", signature, clean=clean, corrupted=corrupted)
+    checks.check_site_and_metric("attribution_patch", signature, site, metric)
     if direction not in ("denoise", "noise"):
         raise BadInputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
@@ -46,6 +49,8 @@ def attribution_patch(
     with torch.no_grad():
         s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos,
                          keep={src_key: set(names), run_key: {act_name("resid_pre", 0)}})
+        checks.check_baselines(s.metrics[0], s.clean_values[0], s.corrupted_values[0],
+                               normalize=False)
     run = s.corrupted if direction == "denoise" else s.clean
     src = s.clean if direction == "denoise" else s.corrupted
     assert run is not None and src is not None
@@ -90,7 +95,7 @@ def attribution_patch(
         if name not in grads:  # the metric does not depend on this layer's activation
             grads[name] = torch.zeros_like(acts[name])
         contrib = ((src.acts[name] - acts[name]) * grads[name]).sum(0)  # sum over batch
-        for u in site.units():
+        for u in site.patches():
             if u[0] != layer:
                 continue
             m = site.mask(u, contrib.shape)

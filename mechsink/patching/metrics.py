@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float
@@ -82,6 +82,9 @@ class Metric:
     """
 
     name: str = "metric"
+    #: the values the metric cannot leave (``None`` for an open side): a metric at a bound on
+    #: both inputs cannot show a patch's effect, and patching warns about it
+    bounds: ClassVar[tuple[float | None, float | None] | None] = None
 
     def needs(self, model: Any) -> Needs:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -173,6 +176,7 @@ class LogProb(Metric):
     token: int
     pos: int = -1
     name: str = "log_prob"
+    bounds: ClassVar[tuple[float | None, float | None] | None] = (None, 0.0)
 
     def needs(self, model: Any) -> Needs:
         _check_tokens(model, (self.token,))
@@ -192,6 +196,7 @@ class KLToClean(Metric):
     pos: int = -1
     clean_logprobs: Tensor | None = None
     name: str = "kl_to_clean"
+    bounds: ClassVar[tuple[float | None, float | None] | None] = (0.0, None)
 
     def needs(self, model: Any) -> Needs:
         return Needs(logits=(self.pos,))
@@ -216,6 +221,7 @@ class SinkScore(Metric):
     key_pos: int = 0
     include_self: bool = True
     name: str = "sink_score"
+    bounds: ClassVar[tuple[float | None, float | None] | None] = (0.0, 1.0)
 
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "sink_score")

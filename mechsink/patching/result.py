@@ -6,7 +6,7 @@ Draw one with :func:`mechsink.viz.patching.heatmap` (viz reads patching, never t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,94 @@ class PatchResult:
             labels={a: list(v) for a, v in site.axis_values().items()},
             site=site.label, metric=metric_name, clean_value=clean_value,
             corrupted_value=corrupted_value, tokens=token_strings(model, tokens),
-            meta={"model": str(getattr(model.cfg, "model_name", "")), **meta},
+            meta={"model": str(getattr(model.cfg, "model_name", "")),
+                  "dtype": str(getattr(model.cfg, "dtype", "")).replace("torch.", ""), **meta},
         )
+
+    @property
+    def direction(self) -> str:
+        """``"denoise"`` (corrupted run, clean patched in) or ``"noise"`` (the reverse)."""
+        return str(self.meta.get("direction", "denoise"))
+
+    @property
+    def is_normalized(self) -> bool:
+        return bool(self.meta.get("normalized"))
+
+    def baselines(self) -> tuple[float | None, float | None]:
+        """``(run input's metric, source input's metric)``: what 0 and 1 mean normalised."""
+        if self.direction == "noise":
+            return self.clean_value, self.corrupted_value
+        return self.corrupted_value, self.clean_value
+
+    def normalized(self) -> PatchResult:
+        """The same sweep rescaled, without a re-run: 0 = the run input's metric, 1 = the
+        source input's (denoise: 0 = corrupted, 1 = clean). Refuses when the two differ by
+        float noise only (:func:`mechsink.patching.checks.check_normalizable`)."""
+        from mechsink.patching.checks import check_normalizable
+
+        if self.is_normalized:
+            return self
+        run, src = self.baselines()
+        if run is None or src is None or self.clean_value is None:
+            check_normalizable(0.0, None)
+        assert run is not None and src is not None
+        dtype = getattr(torch, str(self.meta.get("dtype") or "float32"), torch.float32)
+        check_normalizable(src, run, dtype=dtype if isinstance(dtype, torch.dtype) else None)
+        values = (self.values - run) / (src - run)
+        return replace(self, values=values, meta={**self.meta, "normalized": True})
+
+    def effects(self) -> Tensor:
+        """Each patch's effect: value minus the run input's metric (0 when normalised)."""
+        if self.is_normalized:
+            return self.values
+        run, _ = self.baselines()
+        return self.values - (0.0 if run is None else run)
+
+    def top(self, k: int = 5) -> list[dict[str, Any]]:
+        """The ``k`` patches with the largest absolute effect, as labelled rows."""
+        eff = self.effects().flatten()
+        rows = []
+        for i in eff.abs().argsort(descending=True)[:k].tolist():
+            idx = [int(j) for j in torch.unravel_index(torch.tensor(i), self.values.shape)]
+            row: dict[str, Any] = {a: self.labels[a][j] for a, j in zip(self.axes, idx,
+                                                                         strict=True)}
+            row["value"] = float(self.values.flatten()[i])
+            row["effect"] = float(eff[i])
+            rows.append(row)
+        return rows
+
+    def _shape_text(self) -> str:
+        return " x ".join(f"{len(self.labels[a])} {a}" for a in self.axes)
+
+    def __repr__(self) -> str:
+        def fmt(v: float | None) -> str:
+            return "None" if v is None else f"{v:.4g}"
+
+        extra = f", ablation={self.meta['ablation']!r}" if self.meta.get("ablation") else ""
+        return (f"PatchResult(site={self.site!r}, metric={self.metric!r}, "
+                f"shape=[{self._shape_text()}], clean={fmt(self.clean_value)}, "
+                f"corrupted={fmt(self.corrupted_value)}, direction={self.direction!r}"
+                f"{extra}, normalized={self.is_normalized})")
+
+    def _repr_html_(self) -> str:
+        """A short card for Jupyter: what was patched, the baselines, the biggest effects."""
+        from html import escape
+
+        def fmt(v: Any) -> str:
+            return f"{v:.4g}" if isinstance(v, float) else escape(str(v))
+
+        top = self.top(5)
+        head = "".join(f"<th>{escape(str(k))}</th>" for k in (top[0] if top else {}))
+        body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in r.values()) + "</tr>"
+                       for r in top)
+        what = "0 = run input, 1 = source" if self.is_normalized else "value - run input"
+        return (f"<div><b>PatchResult</b> <code>{escape(self.site)}</code> &middot; metric "
+                f"<code>{escape(self.metric)}</code> &middot; {escape(self._shape_text())}<br>"
+                f"clean {fmt(self.clean_value)}, corrupted {fmt(self.corrupted_value)}, "
+                f"{escape(self.direction)}"
+                + (f", ablation {escape(str(self.meta['ablation']))}"
+                   if self.meta.get("ablation") else "")
+                + f"<br>largest effects ({what}):<table><tr>{head}</tr>{body}</table></div>")
 
     def to_frame(self) -> Any:
         """A long pandas DataFrame: one row per patch, a column per axis, then ``value``."""
