@@ -367,7 +367,8 @@ def fill(
 
 
 def progress(total: int, desc: str) -> Any:
-    """A progress bar for a sweep (tqdm): shown after 2 s, only on a terminal."""
-    from tqdm.auto import tqdm
+    """A progress bar for a sweep (:func:`mechsink.progress.bar`): shown after 2 s, on a
+    terminal or in Jupyter, unless switched off (``mechsink.progress.set_progress(False)``)."""
+    from mechsink.progress import bar
 
-    return tqdm(total=total, desc=desc, disable=None, delay=2.0, leave=False, unit="patch")
+    return bar(total, desc, unit="patch")
