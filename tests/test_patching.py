@@ -147,10 +147,10 @@ def test_neuron_and_dest_src_sites_run(llama_tiny):
     from mechsink.patching import Site
 
     res = activation_patch(llama_tiny, clean, corrupted,
-                           Site("neuron", "by_pos", layers=(0,), neurons=(0, 5, 17)), SinkScore(1))
+                           Site("neuron", "by_pos", layers=(0,), units=(0, 5, 17)), SinkScore(1))
     assert res.values.shape == (1, 6, 3)
     res = activation_patch(llama_tiny, clean, corrupted,
-                           Site("pattern", "dest_src", layers=(1,), heads=(0,)), logit_metric)
+                           Site("pattern", "dest_src", layers=(1,), units=(0,)), logit_metric)
     assert res.values.shape == (1, 1, 6, 6)
 
 
@@ -202,10 +202,10 @@ def test_shape_mismatch(gpt2_tiny):
     [
         ("nonsense", {}, "unknown site"),
         ("z", {"layers": (2,)}, "layer 2 is out of range"),
-        ("z", {"heads": (4,)}, "head 4 is out of range"),
-        ("k", {"heads": (2,)}, "KV head 2 is out of range"),
+        ("z", {"units": (4,)}, "head 4 is out of range"),
+        ("k", {"units": (2,)}, "KV head 2 is out of range"),
         ("resid_pre", {"positions": (6,)}, "position 6 is out of range"),
-        ("neuron", {"neurons": (10_000,)}, "neuron 10000 is out of range"),
+        ("neuron", {"units": (10_000,)}, "neuron 10000 is out of range"),
     ],
 )
 def test_bad_sites(llama_tiny, site, restrict, message):
@@ -338,7 +338,7 @@ def test_prefix_reuse_equals_the_plain_patch(tiny, site, metric):
     the_site = parse_site(site, layers=(1,)) if site.startswith("pattern") or site == "neuron" \
         else site
     if site == "neuron":
-        the_site = parse_site("neuron", layers=(0, 1), neurons=(0, 7))
+        the_site = parse_site("neuron", layers=(0, 1), units=(0, 7))
     fast, plain, seen = _sweep_both_ways(tiny, the_site, metrics[metric])
     assert (fast.values - plain.values).abs().max() <= 1e-5
     assert (fast.values - fast.corrupted_value).abs().max() > 1e-6  # the patches do something

@@ -1,10 +1,14 @@
 """Patch sites: which activation to overwrite, and the grid of patches a sweep over it makes.
 
 A :class:`Site` names a hook kind (``resid_pre``, ``z``, ``pattern``, ``neuron``, ...) and a
-granularity (whole layer/head, or per position). It enumerates its *units*: one patch each,
-an index tuple laid out like ``transformer_lens.patching``'s output (``resid_pre`` by position
-is ``[layer, pos]``, head ``z`` by position is ``[layer, pos, head]``, ...). A site can be
-restricted to chosen layers, heads, positions and neurons.
+granularity (whole layer/head, or per position). It enumerates its patches: one each, an index
+tuple laid out like ``transformer_lens.patching``'s output (``resid_pre`` by position is
+``[layer, pos]``, head ``z`` by position is ``[layer, pos, head]``, ...). A site can be
+restricted to chosen ``layers``, ``units`` (heads, or neurons for ``neuron``) and ``positions``.
+
+:func:`parse_site` reads every name form of :mod:`mechsink.names` (``"z"``,
+``"attn.hook_z"``, ``"blocks.3.attn.hook_z"``, ``("z", 3)``, ``"L3H5@0"``, ``"MLP3"``, ...); a
+layer, unit or position in the name restricts the site to it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch import Tensor
 
 from mechsink.bridge import act_name, n_kv_heads
 from mechsink.errors import BadInputError
+from mechsink.names import deprecated, parse_name
 
 # kind -> hook name inside a block (full names through mechsink.bridge.act_name)
 HOOKS: dict[str, str] = {
@@ -68,19 +73,31 @@ class Site:
 
     ``granularity``: ``"by_pos"`` (one patch per position, the default), ``"all_pos"`` (every
     position at once) or, for ``pattern`` only, ``"dest_src"`` (one patch per query/key pair).
-    ``layers``/``heads``/``positions``/``neurons``: None = all. Negative positions count
-    from the end. On GQA models ``k``/``v`` heads are KV heads.
+    ``layers``/``units``/``positions``: None = all. ``units`` are heads (``z``, ``q``, ``k``,
+    ``v``, ``pattern``; KV heads for ``k``/``v`` on GQA models) or neurons (``neuron``).
+    Negative positions count from the end. ``heads=``/``neurons=`` are the old names of
+    ``units=`` (deprecated, one release).
     """
 
     kind: str
     granularity: str = "by_pos"
     layers: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = None
+    units: tuple[int, ...] | None = None
     positions: tuple[int, ...] | None = None
-    neurons: tuple[int, ...] | None = None
+    heads: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    neurons: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
     _resolved: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        for old in ("heads", "neurons"):
+            value = getattr(self, old)
+            if value is None:
+                continue
+            deprecated(f"Site({old}=...)", "Site(units=...)", stacklevel=5)
+            if self.units is not None:
+                raise BadInputError(f"give units= only ({old}= is its old name).")
+            object.__setattr__(self, "units", value)
+            object.__setattr__(self, old, None)
         if self.kind not in HOOKS:
             raise BadInputError(
                 f"unknown site {self.kind!r}: choose one of {', '.join(HOOKS)}."
@@ -91,7 +108,7 @@ class Site:
             )
         if self.granularity == "dest_src" and self.kind != "pattern":
             raise BadInputError("granularity 'dest_src' only applies to the 'pattern' site.")
-        for name in ("layers", "heads", "positions", "neurons"):
+        for name in ("layers", "units", "positions"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, tuple(int(v) for v in value))
@@ -139,11 +156,11 @@ class Site:
         d_mlp = int(cfg.d_mlp or 0)
         ranges = {
             "layer": ("layers", int(cfg.n_layers), "layer"),
-            "head": ("heads", n_heads, head_word),
+            "head": ("units", n_heads, head_word),
             "pos": ("positions", seq_len, "position"),
             "dest_pos": ("positions", seq_len, "position"),
             "src_pos": ("positions", seq_len, "position"),
-            "neuron": ("neurons", d_mlp, "neuron"),
+            "neuron": ("units", d_mlp, "neuron"),
         }
         resolved: dict[str, tuple[int, ...]] = {}
         needed = set(self.axes)
@@ -167,9 +184,9 @@ class Site:
                     )
                 out.append(w)
             resolved[axis] = tuple(out)
-        for attr, axis in (("heads", "head"), ("neurons", "neuron")):
-            if getattr(self, attr) is not None and axis not in self.axes:
-                raise BadInputError(f"site {self.label} has no {axis} axis: drop {attr}=.")
+        if self.units is not None and not {"head", "neuron"} & set(self.axes):
+            raise BadInputError(f"site {self.label} has no unit axis (heads or neurons): "
+                                "drop units=.")
         site = replace(self)
         object.__setattr__(site, "_resolved", resolved)
         return site
@@ -180,7 +197,7 @@ class Site:
             raise RuntimeError("call Site.resolve(model, seq_len) first")
         return {a: self._resolved[a] for a in self.axes}
 
-    def units(self) -> list[tuple[int, ...]]:
+    def patches(self) -> list[tuple[int, ...]]:
         """Every patch as an index tuple along :attr:`axes` (layer first)."""
         values = self.axis_values()
         return list(itertools.product(*(values[a] for a in self.axes)))
@@ -214,24 +231,62 @@ class Site:
         return m
 
 
-_SITE_RE = re.compile(r"^(?P<kind>[a-z_]+?)(?:[_:@](?P<gran>by_pos|all_pos|all|pos|dest_src))?$")
+_GRAN_RE = re.compile(r"^(?P<base>.+?)(?P<sep>[_:@])(?P<gran>by_pos|all_pos|all|pos|dest_src)$")
+# mechsink-only site words of earlier releases -> the name they stand for
+_OLD_KINDS = {"head": "z", "attn_head": "z", "neurons": "neuron"}
+# Name.kind (TransformerLens's short name) -> Site.kind
+_SITE_KIND = {"post": "neuron"}
 
 
-def parse_site(spec: str | Site, **restrict: Any) -> Site:
-    """A :class:`Site` from a string such as ``resid_pre``, ``z_by_pos``, ``z_all_pos``,
-    ``pattern_dest_src`` or ``neuron`` (default granularity: by position)."""
+def parse_site(spec: Any, **restrict: Any) -> Site:
+    """A :class:`Site` from any name form of :mod:`mechsink.names`, optionally followed by
+    ``_by_pos`` (default), ``_all_pos`` or (pattern only) ``_dest_src``.
+
+    ``"z"``, ``"attn.hook_z"``, ``"blocks.3.attn.hook_z"`` (layer 3 only), ``("z", 3)``,
+    ``"L3H5@0"`` (layer 3, head 5, position 0), ``"L3N7"``, ``"MLP3_all_pos"``, ``"neuron"``
+    (``mlp.hook_post``). ``restrict``: ``layers``, ``units``, ``positions`` (the name's own
+    layer/unit/position must not also be given there).
+    """
     if isinstance(spec, Site):
         return replace(spec, **restrict) if restrict else spec
-    m = _SITE_RE.match(spec.strip().lower())
-    kind = m.group("kind") if m else spec
-    gran = (m.group("gran") if m else None) or "by_pos"
-    gran = {"all": "all_pos", "pos": "by_pos"}.get(gran, gran)
-    kind = {"head": "z", "attn_head": "z", "mlp_post": "neuron", "neurons": "neuron"}.get(
-        kind, kind
-    )
-    if kind not in HOOKS:
-        raise BadInputError(
-            f"unknown site {spec!r}: choose one of {', '.join(HOOKS)}, optionally followed by "
-            "_by_pos, _all_pos or (pattern only) _dest_src."
-        )
+    gran = "by_pos"
+    base: Any = spec
+    if isinstance(spec, str):
+        base = spec.strip()
+        m = _GRAN_RE.match(base)
+        if m is not None:
+            base, gran = m["base"], m["gran"]
+            canonical = {"all": "all_pos", "pos": "by_pos"}.get(gran, gran)
+            if m["sep"] != "_" or gran != canonical:
+                deprecated(f"site {spec!r}", f"{base}_{canonical!s}")
+            gran = canonical
+        if base.lower() in _OLD_KINDS:
+            new = _OLD_KINDS[base.lower()]
+            deprecated(f"site {base!r}", repr(new if new != "z" else "z (or attn.hook_z)"))
+            base = new
+    if base == "neuron":
+        kind, name = "neuron", None
+    else:
+        try:
+            name = parse_name(base)
+        except BadInputError as exc:
+            raise BadInputError(
+                f"unknown site {spec!r}: choose one of {', '.join(HOOKS)} (or any hook name: "
+                "attn.hook_z, blocks.3.hook_mlp_out, L3H5@0, MLP3, ...), optionally followed by "
+                "_by_pos, _all_pos or (pattern only) _dest_src."
+            ) from exc
+        kind = _SITE_KIND.get(name.kind, name.kind)
+        if kind not in HOOKS:
+            raise BadInputError(
+                f"{spec!r} names {name.hook_at(name.layer or 0)}, which is not a patching "
+                f"site: choose one of {', '.join(HOOKS)}.")
+    if name is not None:
+        for attr, value in (("layers", name.layer), ("units", name.unit),
+                            ("positions", name.position)):
+            if value is None:
+                continue
+            if restrict.get(attr) is not None and tuple(restrict[attr]) != (value,):
+                raise BadInputError(f"site {spec!r} already names its {attr[:-1]} ({value}): "
+                                    f"drop {attr}= or the {attr[:-1]} in the name.")
+            restrict[attr] = (value,)
     return Site(kind, gran, **restrict)
