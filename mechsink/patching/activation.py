@@ -127,7 +127,7 @@ def _chunks(
     :data:`~mechsink.patching.engine.MAX_RECOMPUTE` of the least work and the batch within
     the token target and memory budget (or ``batch_size`` units, when given).
     """
-    reuse = SPEEDUPS["prefix_reuse"]
+    reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
     logit_positions = -1 if s.needs.logits == ALL else len(s.needs.logits or ())
     ordered = sorted(units, key=lambda u: -site.first_position(u))
     out: list[tuple[int, list[tuple[int, ...]]]] = []
