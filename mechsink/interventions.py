@@ -7,7 +7,8 @@ sink papers make:
 
 - :func:`ablate`: the ablations of :mod:`mechsink.ablation` (zero, batch_mean, position_mean,
   resample; the same vocabulary as patching), scaling or setting, of heads, neurons, channels
-  and positions;
+  and positions, at a site named in :mod:`mechsink.names`'s vocabulary (``"attn.hook_z"`` +
+  ``layer``, ``"blocks.3.hook_mlp_out"``, ``"L3H5@0"``, ``"L3N1229@0"``, ``"MLP3@0"``, ...);
 - :func:`attend_only_to_self`: make query position ``k`` attend only to itself (a second
   "position 0"; Gu et al. 2024, "When Attention Sink Emerges in Language Models");
 - :func:`scale_tokens`: multiply chosen tokens' residual stream by a factor (norm/variance);
@@ -30,6 +31,7 @@ from torch import Tensor
 from mechsink.ablation import KINDS, as_ablation
 from mechsink.bridge import act_name, has_hook, n_kv_heads, query_bias
 from mechsink.errors import BadInputError
+from mechsink.names import Name, parse_name, renamed_kwarg
 
 HookFn = Callable[[Tensor, Any], Tensor]
 
@@ -106,8 +108,8 @@ MODES = (*KINDS, "mean", "scale", "set")
 
 def ablate(
     model: Any,
-    site: str,
-    layer: int,
+    site: str | tuple[Any, ...] | Name,
+    layer: int | None = None,
     *,
     mode: str = "zero",
     scale: float = 0.0,
@@ -116,18 +118,37 @@ def ablate(
     positions: Sequence[int] | None = None,
     seed: int = 0,
 ) -> Intervention:
-    """Ablate, scale or set entries of ``blocks.{layer}.{site}``.
+    """Ablate, scale or set entries of the hook ``site`` names (at ``layer``, unless the name
+    has one: ``"attn.hook_z"`` + ``layer=3`` and ``"blocks.3.attn.hook_z"`` are the same).
 
-    ``units`` picks heads (attention sites; KV heads for k and v), neurons (``mlp.hook_post``)
-    or channels (residual and output sites); ``positions`` picks sequence positions (None:
-    all). ``mode`` is one of :mod:`mechsink.ablation`'s kinds, computed on the run's own
-    activations: ``zero``; ``batch_mean`` (the mean over the run's batch at each position);
-    ``position_mean`` (the mean over the sequence's unchosen positions; ``"mean"`` is the same);
-    ``resample`` (whole sequences of the run's batch drawn with ``seed``). Or ``scale``
-    (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a massive channel).
+    A head, neuron or position in the name (``"L3H5@0"``) is the same as ``units=[5]``,
+    ``positions=[0]``. ``units`` picks heads (attention sites; KV heads for k and v), neurons
+    (``mlp.hook_post``) or channels (residual and output sites); ``positions`` picks sequence
+    positions (None: all). ``mode`` is one of :mod:`mechsink.ablation`'s kinds, computed on
+    the run's own activations: ``zero``; ``batch_mean`` (the mean over the run's batch at
+    each position); ``position_mean`` (the mean over the sequence's unchosen positions;
+    ``"mean"`` is the same); ``resample`` (whole sequences of the run's batch drawn with
+    ``seed``). Or ``scale`` (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a
+    massive channel).
     """
-    if site not in _UNIT_AXIS:
-        raise BadInputError(f"unknown site {site!r}: choose one of {', '.join(_UNIT_AXIS)}.")
+    name = parse_name(site, layer)
+    if name.relative not in _UNIT_AXIS:
+        raise BadInputError(
+            f"unknown site {site!r} for ablate: name one of {', '.join(_UNIT_AXIS)} (with "
+            "layer=), a full hook name (blocks.3.attn.hook_z) or a component (L3H5, L3N7, "
+            "MLP3, ATTN3, resid3), optionally followed by @POS.")
+    if name.layer is None:
+        raise BadInputError(f"{site!r} lives in every block: give layer= (or write "
+                            f"blocks.<layer>.{name.relative}).")
+    if name.unit is not None:
+        if units is not None:
+            raise BadInputError(f"{site!r} already names its unit: drop units=.")
+        units = [name.unit]
+    if name.position is not None:
+        if positions is not None:
+            raise BadInputError(f"{site!r} already names its position: drop positions=.")
+        positions = [name.position]
+    layer, site = name.layer, name.relative
     if mode not in MODES:
         raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}.")
     _check_layer(model, layer)
@@ -174,21 +195,32 @@ def ablate(
 
 
 def attend_only_to_self(
-    model: Any, layers: Sequence[int], key_pos: int, heads: Sequence[int] | None = None
+    model: Any, layers: Sequence[int], position: int | None = None,
+    units: Sequence[int] | None = None, **old: Any,
 ) -> list[Intervention]:
-    """Query ``key_pos`` attends only to itself in the chosen layers/heads (pattern row one-hot).
+    """Query ``position`` attends only to itself in the chosen layers and heads (``units``;
+    None: all), its pattern row one-hot.
 
     Equivalent to masking every other key for that query: the softmax of a row whose only
-    allowed key is ``k`` is one-hot on ``k``.
+    allowed key is ``k`` is one-hot on ``k``. ``key_pos=``/``heads=`` are the old names of
+    ``position=``/``units=`` (deprecated).
     """
-    head_list = None if heads is None else list(heads)
+    position = renamed_kwarg(old, "key_pos", "position", position, "attend_only_to_self")
+    units = renamed_kwarg(old, "heads", "units", units, "attend_only_to_self")
+    if old:
+        raise TypeError(f"attend_only_to_self() got unexpected arguments {sorted(old)}.")
+    if position is None:
+        raise BadInputError("attend_only_to_self needs position= (the query that should "
+                            "attend only to itself).")
+    key_pos = int(position)
+    head_list = None if units is None else list(units)
     out = []
     for layer in layers:
         _check_layer(model, layer)
 
         def fn(pattern: Tensor, hook: Any) -> Tensor:
             if key_pos >= pattern.shape[-1]:
-                raise BadInputError(f"key_pos {key_pos} is outside the sequence.")
+                raise BadInputError(f"position {key_pos} is outside the sequence.")
             edited = pattern.clone()
             h = slice(None) if head_list is None else head_list
             edited[:, h, key_pos, :] = 0.0

@@ -38,9 +38,13 @@ class MechsinkDeprecationWarning(DeprecationWarning):
     """An old spelling that still works for one release (its message names the new one)."""
 
 
+# every deprecation message starts so (``-W "error:mechsink deprecation"`` finds callers)
+DEPRECATED = "mechsink deprecation: "
+
+
 def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
     """Warn that ``old`` is now written ``new`` (kept for one release)."""
-    warnings.warn(f"{old} is deprecated and goes in the next release: write {new}.",
+    warnings.warn(f"{DEPRECATED}{old} goes in the next release: write {new}.",
                   MechsinkDeprecationWarning, stacklevel=stacklevel)
 
 
@@ -57,6 +61,26 @@ def renamed_kwarg(kwargs: dict[str, Any], old: str, new: str, value: Any,
         raise BadInputError(f"{where}: give {new}= only ({old}= is its old name).")
     deprecated(f"{where}({old}=...)", f"{where}({new}=...)", stacklevel=4)
     return old_value
+
+
+def _is_text(x: Any) -> bool:
+    return isinstance(x, str) or (isinstance(x, (list, tuple)) and bool(x)
+                                  and all(isinstance(t, str) for t in x))
+
+
+def explicit_bos(prepend_bos: bool | None, *inputs: Any, where: str) -> bool:
+    """``prepend_bos`` as given; when it is not given and some input is text, True with a
+    deprecation warning (the default goes next release: BOS is always a stated choice).
+
+    Token tensors need no answer: they are used as they are.
+    """
+    if prepend_bos is not None:
+        return bool(prepend_bos)
+    if any(_is_text(x) for x in inputs):
+        warnings.warn(f"{DEPRECATED}{where}: text input without prepend_bos= (it meant "
+                      "prepend_bos=True): say prepend_bos=True or False.",
+                      MechsinkDeprecationWarning, stacklevel=3)
+    return True
 
 
 # kind (TransformerLens short name) -> hook name relative to its block ("" prefix: global hook)
@@ -223,7 +247,7 @@ def _from_hook(full: str) -> tuple[str, int | None] | None:
     rel, layer = (m["rel"], int(m["layer"])) if m else (full, None)
     if rel in _RELATIVE:
         return _RELATIVE[rel], layer
-    if re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_]+)*\.hook_[a-z0-9_]+", rel):
+    if re.fullmatch(r"(ln1|ln2|attn|mlp)\.hook_[a-z_]+", rel):
         return rel, layer  # another per-block hook (ln1.hook_scale, ...): kept by its name
     return None
 
@@ -313,4 +337,5 @@ def act_name_tl(name: str, layer: Any = None, layer_type: Any = None) -> str:
 
 
 __all__ = ["BLOCK_HOOKS", "CHANNEL_KINDS", "GLOBAL_HOOKS", "HEAD_KINDS", "NEURON_KINDS",
-           "MechsinkDeprecationWarning", "Name", "deprecated", "parse_name", "unit_count"]
+           "MechsinkDeprecationWarning", "Name", "deprecated", "explicit_bos", "parse_name",
+           "unit_count"]

@@ -33,7 +33,7 @@ def _run(model, interventions, tokens):
 def test_self_only_mask_makes_row_k_one_hot(model):
     tokens = to_tokens(model, TEXT, prepend_bos=True)
     _, clean = model.run_with_cache(tokens)
-    _, cache = _run(model, attend_only_to_self(model, [1], key_pos=5, heads=[0, 2]), tokens)
+    _, cache = _run(model, attend_only_to_self(model, [1], position=5, units=[0, 2]), tokens)
     pattern = cache["blocks.1.attn.hook_pattern"]
     one_hot = torch.zeros(pattern.shape[-1])
     one_hot[5] = 1.0

@@ -26,15 +26,21 @@ output do", the question of the P0-sink circuit (Peng, Li et al. 2026, "How Atte
 Emerge in Large Language Models: An Interpretability Perspective"), where no corrupted text
 makes position 0 ordinary (the sink does not depend on the first token).
 
-Component names (any number of digits): ``embed``, ``L12H3`` (head), ``MLP12``, ``L12N345``
-(neuron), each optionally ``@POS`` for one position. Receivers: ``L12H3.q`` / ``.k`` / ``.v``
-(on GQA models the KV head of query head 3 for k/v), ``MLP12``, ``resid12`` (the residual
-entering block 12; ``resid12@POS`` and ``resid12@POS:CHANNEL``) and ``metric``.
+Direction (``direction=``): ``"noise"`` (the default, as in ARENA's statement) runs the clean
+input with the senders' corrupted (or ablated) outputs; ``"denoise"`` runs the corrupted input
+with the senders' clean outputs and every other component frozen at its corrupted value.
+
+Senders and receivers are named in :mod:`mechsink.names`'s vocabulary (any number of digits;
+TransformerLens hook names work too). Senders: ``embed`` (the residual entering block 0),
+``L12H3`` (head), ``MLP12``, ``L12N345`` (neuron), ``ATTN12`` or ``blocks.12.attn.hook_z``
+(every head of block 12 together), ``blocks.12.hook_mlp_out``, each optionally ``@POS``.
+Receivers: ``L12H3.q`` / ``.k`` / ``.v`` (on GQA models the KV head of query head 3 for k/v;
+``blocks.12.attn.hook_k`` for every head), ``MLP12``, ``resid12`` (the residual entering block
+12; ``resid12@POS`` and ``resid12@POS:CHANNEL``; ``blocks.12.hook_resid_pre``) and ``metric``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,22 +58,13 @@ from mechsink.bridge import (
     write_in_place,
 )
 from mechsink.errors import BadInputError
+from mechsink.names import Name, explicit_bos, parse_name
 from mechsink.patching import engine
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import ALL, Metric
 from mechsink.patching.result import PatchResult
 
 HookFn = Callable[..., Any]
-
-_COMP = re.compile(
-    r"^(?:(?P<embed>embed)|L(?P<hl>\d+)H(?P<h>\d+)|MLP(?P<ml>\d+)|L(?P<nl>\d+)N(?P<n>\d+))"
-    r"(?:@(?P<pos>-?\d+))?$"
-)
-_RECV = re.compile(
-    r"^(?:(?P<metric>metric)|L(?P<hl>\d+)H(?P<h>\d+)\.(?P<qkv>[qkv])|MLP(?P<ml>\d+)"
-    r"|resid(?P<rl>\d+)(?:@(?P<pos>-?\d+)(?::(?P<ch>\d+))?)?)$"
-)
-
 
 @dataclass(frozen=True)
 class Component:
@@ -85,50 +82,78 @@ class Receiver:
 
     kind: str
     layer: int = 0
-    head: int = 0
+    head: int | None = 0  # None: every head (q/k/v)
     pos: int | None = None
     channel: int | None = None
 
 
-def parse_component(spec: str | Component) -> Component:
-    """A :class:`Component` from ``embed``, ``L12H3``, ``MLP7``, ``L4N301`` (+ ``@pos``)."""
+def sender_group(spec: str | Name | Component, n_heads: int | None = None) -> list[Component]:
+    """The components one sender name stands for: one, or every head of a block
+    (``ATTN3``, ``blocks.3.attn.hook_z``; needs ``n_heads``)."""
     if isinstance(spec, Component):
-        return spec
-    m = _COMP.match(spec.strip())
-    if m is None:
-        raise BadInputError(
-            f"unknown sender {spec!r}: write embed, L<layer>H<head>, MLP<layer> or "
-            "L<layer>N<neuron>, optionally followed by @<pos>."
-        )
-    pos = None if m["pos"] is None else int(m["pos"])
-    if m["embed"]:
-        return Component("embed", pos=pos)
-    if m["hl"] is not None:
-        return Component("head", int(m["hl"]), int(m["h"]), pos)
-    if m["ml"] is not None:
-        return Component("mlp", int(m["ml"]), 0, pos)
-    return Component("neuron", int(m["nl"]), int(m["n"]), pos)
+        return [spec]
+    try:
+        name = parse_name(spec)
+    except BadInputError as exc:
+        raise BadInputError(f"unknown sender {spec!r}: write embed, L<layer>H<head>, "
+                            "ATTN<layer>, MLP<layer> or L<layer>N<neuron> (or a hook name, "
+                            "blocks.3.attn.hook_z), optionally followed by @<pos>.") from exc
+    pos = name.position
+    if name.kind in ("embed",) or (name.kind == "resid_pre" and name.layer == 0
+                                   and name.unit is None):
+        return [Component("embed", pos=pos)]
+    if name.layer is not None and name.unit is None and name.kind in ("z", "attn_out"):
+        if n_heads is None:
+            raise BadInputError(f"{spec!r} is every head of block {name.layer}: pass it to "
+                                "path_patch, or name one head (L3H5).")
+        return [Component("head", name.layer, h, pos) for h in range(n_heads)]
+    if name.layer is not None and name.kind == "z":
+        return [Component("head", name.layer, name.unit or 0, pos)]
+    if name.layer is not None and name.kind == "mlp_out" and name.unit is None:
+        return [Component("mlp", name.layer, 0, pos)]
+    if name.layer is not None and name.kind == "post":
+        if name.unit is None:  # every neuron of the block: the MLP's output
+            return [Component("mlp", name.layer, 0, pos)]
+        return [Component("neuron", name.layer, name.unit, pos)]
+    raise BadInputError(
+        f"{spec!r} ({name}) is not a sender: write embed, L<layer>H<head>, ATTN<layer>, "
+        "MLP<layer> or L<layer>N<neuron> (or their hook names, blocks.3.attn.hook_z, "
+        "blocks.3.hook_mlp_out), optionally followed by @<pos>.")
 
 
-def parse_receiver(spec: str | Receiver) -> Receiver:
-    """A :class:`Receiver` from ``metric``, ``L12H3.q``, ``MLP7``, ``resid9@0:123``."""
+def parse_component(spec: str | Name | Component) -> Component:
+    """A :class:`Component` from one sender name: ``embed``, ``L12H3``, ``MLP7``, ``L4N301``
+    (+ ``@pos``), or a hook name such as ``blocks.7.hook_mlp_out``."""
+    group = sender_group(spec)
+    if len(group) != 1:  # pragma: no cover - sender_group raises without n_heads
+        raise BadInputError(f"{spec!r} names several components.")
+    return group[0]
+
+
+def parse_receiver(spec: str | Name | Receiver) -> Receiver:
+    """A :class:`Receiver` from ``metric``, ``L12H3.q``, ``MLP7``, ``resid9@0:123`` or a hook
+    name (``blocks.12.attn.hook_k``: every head's key; ``blocks.9.hook_resid_pre``)."""
     if isinstance(spec, Receiver):
         return spec
-    m = _RECV.match(spec.strip())
-    if m is None:
-        raise BadInputError(
-            f"unknown receiver {spec!r}: write metric, L<layer>H<head>.q|k|v, MLP<layer> or "
-            "resid<layer>[@pos[:channel]]."
-        )
-    if m["metric"]:
+    if isinstance(spec, str) and spec.strip() == "metric":
         return Receiver("metric")
-    if m["hl"] is not None:
-        return Receiver(m["qkv"], int(m["hl"]), int(m["h"]))
-    if m["ml"] is not None:
-        return Receiver("mlp", int(m["ml"]))
-    pos = None if m["pos"] is None else int(m["pos"])
-    ch = None if m["ch"] is None else int(m["ch"])
-    return Receiver("resid", int(m["rl"]), 0, pos, ch)
+    try:
+        name = parse_name(spec)
+    except BadInputError as exc:
+        raise BadInputError(f"unknown receiver {spec!r}: write metric, L<layer>H<head>.q|k|v, "
+                            "MLP<layer> or resid<layer>[@pos[:channel]] (or a hook name, "
+                            "blocks.3.attn.hook_k).") from exc
+    if name.layer is not None:
+        if name.kind in ("q", "k", "v"):
+            return Receiver(name.kind, name.layer, name.unit, name.position)
+        if name.kind == "mlp_out" and name.unit is None:
+            return Receiver("mlp", name.layer, 0, name.position)
+        if name.kind == "resid_pre":
+            return Receiver("resid", name.layer, 0, name.position, name.unit)
+    raise BadInputError(
+        f"{spec!r} ({name}) is not a receiver: write metric, L<layer>H<head>.q|k|v, MLP<layer> "
+        "or resid<layer>[@pos[:channel]] (or their hook names, blocks.3.attn.hook_k, "
+        "blocks.3.hook_resid_pre).")
 
 
 def _check(model: Any, c: Component | Receiver, seq_len: int) -> None:
@@ -143,7 +168,8 @@ def _check(model: Any, c: Component | Receiver, seq_len: int) -> None:
         need(0 <= c.layer < n_layers, f"layer {c.layer}")
     if c.kind in ("head", "q", "k", "v"):
         idx = c.index if isinstance(c, Component) else c.head
-        need(0 <= idx < n_heads, f"head {idx}")
+        if idx is not None:
+            need(0 <= idx < n_heads, f"head {idx}")
     if c.kind == "neuron":
         need(0 <= c.index < int(cfg.d_mlp or 0), f"neuron {c.index}")
     if c.pos is not None:
@@ -160,11 +186,12 @@ def path_patch(
     receivers: Sequence[str | Receiver],
     metric: Metric | Callable[[Tensor], Tensor] | Sequence[Metric | Callable[[Tensor], Tensor]],
     *,
+    direction: str = "noise",
     ablation: str | Ablation | None = None,
     scales: str = "recomputed",
     batch_size: int | None = 16,
     memory_budget: int | None = None,
-    prepend_bos: bool = True,
+    prepend_bos: bool | None = None,
     seed: int = 0,
 ) -> Any:
     """Path-patch each sender (or group of senders) to ``receivers``; one value per entry.
@@ -172,12 +199,22 @@ def path_patch(
     Returns a :class:`PatchResult` with axis ``sender``; ``clean_value``/``corrupted_value``
     are the metric on the unpatched runs (``corrupted_value`` is None under ``ablation``).
     Several metrics (a list) share every forward and give a list of results, one per metric.
+    ``direction``: ``"noise"`` (run clean, senders from corrupted/ablated; ARENA's path
+    patching) or ``"denoise"`` (run corrupted, senders from clean; needs a corrupted input).
+    ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text: leaving it
+    out is deprecated; token tensors are used as they are).
     ``ablation`` (:mod:`mechsink.ablation`, with ``corrupted=None``): ``"zero"``,
     ``"batch_mean"`` (``"mean"``) over the clean batch, ``"position_mean"`` (the mean over the
     positions the sender does not cover, so a sender needs ``@pos``) or ``"resample"`` (rows of
     the clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
     many as ``memory_budget`` allows).
     """
+    if direction not in ("noise", "denoise"):
+        raise BadInputError(f"direction must be 'noise' or 'denoise', got {direction!r}.")
+    if direction == "denoise" and corrupted is None:
+        raise BadInputError("direction='denoise' runs the corrupted input: give one (an "
+                            "ablation replaces senders on the clean run: direction='noise').")
+    prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="path_patch")
     if scales not in ("recomputed", "frozen"):
         raise BadInputError(f"scales must be 'recomputed' or 'frozen', got {scales!r}.")
     abl = as_ablation(ablation, mean="batch_mean", seed=seed)
@@ -187,8 +224,9 @@ def path_patch(
     engine.check_batch_size(batch_size)
     if not senders:
         raise BadInputError("no senders given.")
-    groups = [[parse_component(s)] if isinstance(s, (str, Component)) else
-              [parse_component(x) for x in s] for s in senders]
+    n_heads = int(model.cfg.n_heads)
+    groups = [sender_group(s, n_heads) if isinstance(s, (str, Component, Name)) else
+              [c for x in s for c in sender_group(x, n_heads)] for s in senders]
     recvs = [parse_receiver(r) for r in receivers]
     if not recvs:
         raise BadInputError("no receivers given: pass e.g. ['metric'] or ['L5H1.v'].")
@@ -212,9 +250,11 @@ def path_patch(
 
     with torch.no_grad():
         s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep)
-        clean_acts = s.clean.acts
-        sender_source = SenderValues(clean_acts, None if s.corrupted is None else
-                                     s.corrupted.acts, abl)
+        base, source = (s.clean, s.corrupted) if direction == "noise" else (s.corrupted,
+                                                                            s.clean)
+        assert base is not None
+        clean_acts = base.acts  # the run's own activations (clean, or corrupted to denoise)
+        sender_source = SenderValues(clean_acts, None if source is None else source.acts, abl)
         per_batch = batch_size or engine.copies_per_batch(
             model, batch, seq_len, 0, -1 if s.needs.logits == ALL else len(s.needs.logits or ()),
             memory_budget=memory_budget)
@@ -236,12 +276,12 @@ def path_patch(
                 else:
                     resid = clean_acts[act_name("resid_pre", start)].repeat(len(chunk), 1, 1)
                 if to_metric:
-                    got = engine.run_patched(model, s.clean, s.metrics, s.needs, resid, start,
+                    got = engine.run_patched(model, base, s.metrics, s.needs, resid, start,
                                              len(chunk), freeze, stacked=True,
                                              context="on the path-patched run")
                 else:
-                    got = _through_receivers(model, s, recvs, chunk, freeze, resid, start,
-                                             seq_len)
+                    got = _through_receivers(model, s, base, recvs, chunk, freeze, resid,
+                                             start, seq_len)
                 for j, vals in enumerate(got):
                     values[j].update(zip(ids, vals, strict=True))
                 bar.update(len(chunk))
@@ -252,7 +292,7 @@ def path_patch(
         site="path:" + ",".join(_rname(r) for r in recvs), metric=m.name,
         clean_value=float(cv), corrupted_value=None if xv is None else float(xv),
         tokens=token_strings(model, clean_t[0]),
-        meta={"scales": scales, "direction": "noise",
+        meta={"scales": scales, "direction": direction,
               "ablation": None if abl is None else str(abl)},
     ) for m, vals, cv, xv in zip(s.metrics, values, s.clean_values, s.corrupted_values,
                                  strict=True)]
@@ -260,11 +300,12 @@ def path_patch(
 
 
 def _through_receivers(
-    model: Any, s: engine.Setup, recvs: list[Receiver], chunk: list[list[Component]],
-    freeze: list[tuple[str, HookFn]], resid: Tensor, start: int, seq_len: int,
+    model: Any, s: engine.Setup, base: engine.Run, recvs: list[Receiver],
+    chunk: list[list[Component]], freeze: list[tuple[str, HookFn]], resid: Tensor, start: int,
+    seq_len: int,
 ) -> list[list[Tensor]]:
-    """Step 1 (record the receivers' inputs on the sender run) and step 2 (the clean run with
-    only those inputs replaced), for one batch of sender groups."""
+    """Step 1 (record the receivers' inputs on the sender run) and step 2 (the ``base`` run
+    with only those inputs replaced), for one batch of sender groups."""
     recorded: dict[str, Tensor] = {}
     hooks = [_recv_hook(r) for r in recvs]
     rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
@@ -273,8 +314,8 @@ def _through_receivers(
     start = min(r.layer for r in recvs)
     patch = [(h, _receiver_patch(model, r, recorded[h], seq_len))
              for r, h in zip(recvs, hooks, strict=True)]
-    return engine.run_patched(model, s.clean, s.metrics, s.needs,
-                              s.clean.acts[act_name("resid_pre", start)], start, len(chunk),
+    return engine.run_patched(model, base, s.metrics, s.needs,
+                              base.acts[act_name("resid_pre", start)], start, len(chunk),
                               patch, context="on the receiver run")
 
 
@@ -331,6 +372,8 @@ def _rname(r: Receiver) -> str:
     if r.kind == "metric":
         return "metric"
     if r.kind in "qkv":
+        if r.head is None:
+            return act_name(f"attn.hook_{r.kind}", r.layer)
         return f"L{r.layer}H{r.head}.{r.kind}"
     if r.kind == "mlp":
         return f"MLP{r.layer}"
@@ -361,7 +404,9 @@ def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int) -> 
     """Overwrite the receiver's slice with its value from the sender run (per stacked copy)."""
     p = _pos_index(r.pos, seq_len)
     if r.kind in ("q", "k", "v"):
-        head = r.head if r.kind == "q" else r.head // (int(model.cfg.n_heads) // n_kv_heads(model))
+        group = int(model.cfg.n_heads) // n_kv_heads(model)
+        head: Any = slice(None) if r.head is None else (
+            r.head if r.kind == "q" else r.head // group)
         index: tuple[Any, ...] = (slice(None), p, head)
     elif r.kind == "mlp":
         index = (slice(None), p)
