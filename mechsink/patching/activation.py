@@ -17,6 +17,7 @@ from torch import Tensor
 from mechsink.ablation import Ablation, as_ablation
 from mechsink.bridge import act_name, write_in_place
 from mechsink.errors import BadInputError
+from mechsink.names import explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imports)
     DEFAULT_TOKENS_PER_BATCH,
@@ -48,7 +49,7 @@ def activation_patch(
     batch_size: int | None = None,
     memory_budget: int | None = None,
     normalize: bool = False,
-    prepend_bos: bool = True,
+    prepend_bos: bool | None = None,
     seed: int = 0,
 ) -> PatchResult:
     """Patch every unit of ``site`` and record ``metric``; exact, batched.
@@ -63,13 +64,16 @@ def activation_patch(
     ``batch_size`` patches per forward (default: picked from ``memory_budget`` bytes, see
     :data:`~mechsink.patching.engine.DEFAULT_MEMORY_BUDGET`). ``normalize=True`` rescales
     values so 0 = the run input's metric and 1 = the source input's (denoise: 0 = corrupted,
-    1 = clean).
+    1 = clean). ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text:
+    leaving it out is deprecated; token tensors are used as they are).
     """
     checks.check_inputs("activation_patch", SIGNATURE, clean=clean, corrupted=corrupted,
                         reference=reference)
     checks.check_site_and_metric("activation_patch", SIGNATURE, site, metric)
     if direction not in ("denoise", "noise"):
         raise BadInputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
+    prepend_bos = explicit_bos(prepend_bos, clean, corrupted, reference,
+                               where="activation_patch")
     abl = as_ablation(ablation, mean="batch_mean", seed=seed)
     engine.check_batch_size(batch_size)
     parsed = parse_site(site)
