@@ -3,6 +3,8 @@
 For each ``step-N`` of a run folder written by :mod:`mechsink.training`, the organism reads the
 same held-out tokens and the census measurements are taken from its cache: Gu's sink rate and
 the largest sink score at key 0, the first-token norm ratio, and the largest residual magnitude.
+For an attention variant with no normalisation over keys (sigmoid attention), the sink score is
+the share of the head's output mass on key 0 (:func:`mechsink.variants.sink_pattern`).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from mechsink.bridge import hf_model_of
 from mechsink.io import atomic_write_json
 from mechsink.measure import first_token_norm_ratio, sink_scores
 from mechsink.measure.sinks import DEFAULT_EPS
+from mechsink.variants import attention_variant_of, sink_pattern
 from mechsink.zoo import load_model
 
 TIMELINE_SCHEMA = "mechsink-timeline/1"
@@ -42,7 +46,9 @@ def measure_checkpoint(model: Any, tokens: Int[Tensor, "batch pos"], eps: float)
     """The timeline measurements of one model on ``tokens``."""
     wanted = ("attn.hook_pattern", "hook_resid_post")
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
-    scores = sink_scores(cache, key_pos=0, eps=eps)
+    variant = attention_variant_of(hf_model_of(model))
+    patterns = {n: sink_pattern(cache[n], variant) for n in cache if n.endswith(wanted[0])}
+    scores = sink_scores(patterns, key_pos=0, eps=eps)
     ratio = first_token_norm_ratio(cache).mean
     resid = max(cache[n].abs().max().item() for n in cache if n.endswith("hook_resid_post"))
     return dict(sink_rate=scores.rate, sink_rate_no_self=scores.rate_no_self,

@@ -33,7 +33,7 @@ from mechsink.io import (
     folder_lock,
 )
 from mechsink.tasks import BigramBackcopy, TextStream
-from mechsink.variants import apply_headwise_rmsnorm
+from mechsink.variants import ATTENTION_VARIANTS, apply_attention_variant, apply_headwise_rmsnorm
 from mechsink.zoo import load_weights, organism_recipe, save_organism, seeded_model
 
 RUN_FORMAT = "mechsink-run/1"
@@ -59,6 +59,7 @@ class Recipe:
     weight_decay: float = 0.0
     d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
     headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.variants)
+    attention: str = "softmax"  # or one of mechsink.variants.ATTENTION_VARIANTS (llama only)
 
     def task(self) -> BigramBackcopy | TextStream:
         return BigramBackcopy() if self.data == "bigram-backcopy" else TextStream()
@@ -93,6 +94,9 @@ RECIPES: dict[str, Recipe] = {
                steps=6000),
         Recipe("bb-llama-tiny", "llama", n_layers=2, d_model=64, n_heads=4,
                data="bigram-backcopy"),
+        # Small enough for side-by-side variant comparisons on CPU (the output head dominates).
+        Recipe("text-llama-tiny", "llama", n_layers=2, d_model=64, n_heads=4, data="text",
+               seq_len=64, batch_size=8, steps=300, lr=1e-3, warmup=20),
         Recipe("text-gpt2-mini", "gpt2", n_layers=4, d_model=128, n_heads=4, data="text",
                seq_len=64, batch_size=16, steps=2000, lr=1e-3, warmup=100),
         Recipe("text-llama-mini", "llama", n_layers=4, d_model=128, n_heads=4, data="text",
@@ -105,17 +109,35 @@ HWRMS_SUFFIX = "+hwrms"
 
 
 def get_recipe(name: str) -> Recipe:
-    """The recipe called ``name`` (``NAME+hwrms`` adds head-wise RMSNorm), or a clear error."""
-    base = name.removesuffix(HWRMS_SUFFIX)
+    """The recipe called ``name``, or a clear error. ``NAME+hwrms`` adds head-wise RMSNorm;
+    ``NAME+VARIANT`` (a llama recipe) swaps the softmax over keys for one of
+    mechsink.variants.ATTENTION_VARIANTS, e.g. ``bb-llama-tiny+softpick``."""
+    base, *options = name.split("+")
     if base not in RECIPES:
         raise BadInputError(
             f"unknown recipe {name!r}: choose one of {', '.join(RECIPES)} "
-            f"(append {HWRMS_SUFFIX} for head-wise RMSNorm)."
+            f"(append {HWRMS_SUFFIX} for head-wise RMSNorm, or +VARIANT with VARIANT one of "
+            f"{', '.join(ATTENTION_VARIANTS)} on a llama recipe)."
         )
     recipe = RECIPES[base]
-    if name.endswith(HWRMS_SUFFIX):
-        recipe = dataclasses.replace(recipe, name=name, headwise_rmsnorm=True)
-    return recipe
+    if not options:
+        return recipe
+    changes: dict[str, Any] = {"name": name}
+    for option in options:
+        if "+" + option == HWRMS_SUFFIX:
+            changes["headwise_rmsnorm"] = True
+        elif option in ATTENTION_VARIANTS and "attention" not in changes:
+            if recipe.family != "llama":
+                raise BadInputError(f"attention variant {option!r} needs a llama recipe, not "
+                                    f"{base!r} ({recipe.family}).")
+            changes["attention"] = option
+        else:
+            raise BadInputError(f"unknown recipe option +{option} in {name!r}: use +hwrms or "
+                                f"one of +{', +'.join(ATTENTION_VARIANTS)} (one variant).")
+    if changes.get("headwise_rmsnorm") and "attention" in changes:
+        raise BadInputError(f"{name!r}: head-wise RMSNorm and an attention variant do not "
+                            "combine yet; choose one.")
+    return dataclasses.replace(recipe, **changes)
 
 
 def checkpoint_steps(total: int) -> list[int]:
@@ -180,6 +202,8 @@ def _train_locked(recipe: Recipe, out: Path, total: int, seed: int, data_seed: i
     model = seeded_model(recipe.config(), seed, attn_implementation="sdpa")
     if recipe.headwise_rmsnorm:
         apply_headwise_rmsnorm(model)
+    if recipe.attention != "softmax":
+        apply_attention_variant(model, recipe.attention)
     optimizer = torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr,
                                   betas=(0.9, 0.95))
     start = _restore(run, out, model, optimizer)
@@ -253,6 +277,7 @@ def _open_run(
               "steps": total}
     if record.is_file():
         run = json.loads(record.read_text())
+        run["recipe"].setdefault("attention", "softmax")  # runs from before the variants
         held = {k: run.get(k) for k in wanted}
         if resume and default_steps and held != wanted and held | {"steps": total} == wanted:
             raise BadInputError(
@@ -329,5 +354,5 @@ def task_of(model_name: str) -> BigramBackcopy | None:
     names (None for text organisms, unknown recipes and other models). It lives with the
     recipes: the zoo reads the marker, the trainer knows what a recipe trains on."""
     name = organism_recipe(model_name) or ""
-    recipe = RECIPES.get(name.removesuffix(HWRMS_SUFFIX))
+    recipe = RECIPES.get(name.split("+")[0])
     return BigramBackcopy() if recipe is not None and recipe.data == "bigram-backcopy" else None

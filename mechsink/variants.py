@@ -113,7 +113,7 @@ def apply_headwise_rmsnorm(model: nn.Module) -> nn.Module:
 # --- attention variants --------------------------------------------------------------------
 
 
-def masked_keys(scores: Float[Tensor, "... q k"]) -> Tensor:
+def masked_keys(scores: Float[Tensor, "... k"]) -> Tensor:
     """Where the causal (or padding) mask hid a key: -inf, or the dtype's minimum added."""
     return scores <= torch.finfo(scores.dtype).min / 2
 

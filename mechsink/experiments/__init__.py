@@ -108,6 +108,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("headwise_rmsnorm", None),
     Experiment("seedprint", None),
     Experiment("sink_timeline", None),
+    Experiment("sink_free", None),
 )}
 
 

@@ -1,0 +1,39 @@
+"""Which attention variant removes the sink and the massive activation, and what does it cost?
+
+Methods: twin organisms (same recipe, seed, batches and steps) with plain softmax attention and
+each sink-free variant (softmax1, sink logit, gated, softpick, sigmoid, key/value bias), over
+several seeds, on Bigram-Backcopy and on text; final loss, sink rate, largest sink score, largest
+residual magnitude and first-token norm ratio with their spread over seeds, and each arm's sink
+timeline. The computation is :func:`mechsink.experiments.sink_free.run`; the organisms are trained
+under OUT/runs (an interrupted run resumes, a finished one is reused).
+
+    python circuits/sink_free.py --out runs/sink_free [--recipes bb-llama-tiny text-llama-tiny]
+        [--steps 400 150] [--seeds 0 1 2] [--variants softmax1 softpick ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mechsink.experiments import sink_free
+from mechsink.variants import ATTENTION_VARIANTS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--recipes", nargs="+", default=["bb-llama-tiny", "text-llama-tiny"])
+    parser.add_argument("--steps", type=int, nargs="+", default=[400, 150])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS))
+    args = parser.parse_args()
+
+    result = sink_free.run(work_dir=args.out, recipes=args.recipes, steps=args.steps,
+                           seeds=args.seeds, variants=args.variants)
+    result.save(args.out)
+    print(result.summary())
+
+
+if __name__ == "__main__":
+    main()
