@@ -10,7 +10,8 @@ function of that cache (:mod:`mechsink.measure`) and the per-chunk results are m
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +92,13 @@ class RunCensus:
     def name(self) -> str:
         return f"{self.prompts['suite']}/{self.prompts['variant']}"
 
+    def __repr__(self) -> str:  # the dataclass default prints every tensor (~700 lines)
+        top = self.example.heads[0] if self.example.heads else None
+        head = "" if top is None else f", top_head=L{top[0]}H{top[1]} ({top[2]:.3f})"
+        return (f"RunCensus({self.name!r}, n={self.prompts.get('n')}, "
+                f"seq_len={self.prompts.get('seq_len')}, sink_rate={self.sinks.rate:.3f}"
+                f"{head})")
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.prompts}
         for part in (self.sinks, self.massive, self.mlp, self.super_sets, self.norm_ratio,
@@ -114,6 +122,30 @@ class Census:
             if r.prompts["suite"] == suite and r.prompts["variant"] == variant:
                 return r
         raise KeyError(f"no run {suite}/{variant} in this census")
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per run: sink rates, massive activations, super
+        neurons, the first-token norm ratio range and the strongest sink head."""
+        return census_frame({"runs": [r.to_dict() for r in self.runs]})
+
+    def __repr__(self) -> str:  # the dataclass default prints every tensor (~700 lines)
+        arch = self.architecture
+        shape = f"{arch.get('n_layers', '?')} layers x {arch.get('n_heads', '?')} heads"
+        names = ", ".join(r.name for r in self.runs)
+        return (f"Census({self.model!r}, {shape}, {len(self.runs)} runs: {names}; "
+                f"n={self.settings.get('n')}, seq_len={self.settings.get('seq_len')}, "
+                f"eps={self.settings.get('eps')})")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the model, the settings and :meth:`to_frame` as a table."""
+        from html import escape
+
+        frame = self.to_frame()
+        settings = ", ".join(f"{k}={v}" for k, v in self.settings.items()
+                             if k in ("n", "seq_len", "seed", "eps", "dtype"))
+        table = frame.to_html(index=False, float_format="{:.3g}".format)
+        return (f"<div><b>Census</b> of <code>{escape(self.model)}</code> "
+                f"({escape(settings)})<br>{table}</div>")
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "mechsink_version": __version__, "model": self.model,
@@ -212,8 +244,9 @@ def census(
             check_census_args(model, ["natural"], ["nobos"], p.n, p.seq_len, eps, batch_size)
     names = needed_hooks(model)
     w_out, w_o = down_projection(model), head_output_weights(model)
-    runs = tuple(_run_one(model, p, names, w_out, w_o, eps, batch_size, progress)
-                 for p in prompt_sets)
+    with _default_bar(prompt_sets, progress) as report:
+        runs = tuple(_run_one(model, p, names, w_out, w_o, eps, batch_size, report)
+                     for p in prompt_sets)
     settings = {"suites": sorted({p.suite for p in prompt_sets}, key=_suite_order),
                 "variants": sorted({p.variant for p in prompt_sets}, key=_variant_order),
                 "n": n if prompts is None else None,
@@ -223,6 +256,27 @@ def census(
                 "device": str(getattr(model.cfg, "device", "cpu") or "cpu")}
     return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
                   architecture_summary(model), settings, runs)
+
+
+@contextmanager
+def _default_bar(prompt_sets: Sequence[PromptSet], progress: Progress | None
+                 ) -> Iterator[Progress | None]:
+    """The caller's progress callback, or (none given) one bar over every sequence of every
+    run (:mod:`mechsink.progress`: on a terminal or in Jupyter, after two seconds)."""
+    if progress is not None:
+        yield progress
+        return
+    from mechsink.progress import bar
+
+    done: dict[str, int] = {}
+    with bar(sum(p.n for p in prompt_sets), "census", unit="seq") as b:
+
+        def report(name: str, n_done: int, n_total: int) -> None:
+            b.update(n_done - done.get(name, 0))
+            done[name] = n_done
+            b.set_postfix_str(name, refresh=False)
+
+        yield report
 
 
 def _suite_order(s: str) -> tuple[int, str]:
@@ -339,3 +393,26 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
         row["norm_ratio_range"] = [min(ratio), max(ratio)] if ratio else None
         rows.append(row)
     return rows
+
+
+def census_frame(data: Mapping[str, Any]) -> Any:
+    """:func:`summary_rows` as a pandas DataFrame (one row per run, flat columns), from a
+    :class:`Census`'s or a census.json's data."""
+    import pandas as pd
+
+    rows = []
+    for row, run in zip(summary_rows(data), data["runs"], strict=True):
+        heads = run.get("attention_example", {}).get("heads", [])
+        ratio = row["norm_ratio_range"]
+        rows.append({
+            "run": row["run"], "n": run.get("n"), "seq_len": run.get("seq_len"),
+            "sink_rate": row["sink_rate"], "sink_rate_no_self": row["sink_rate_no_self"],
+            "top_sink_head": f"L{heads[0]['layer']}H{heads[0]['head']}" if heads else None,
+            "top_sink_score": heads[0]["sink_score"] if heads else None,
+            "massive": row["massive"]["count"],
+            "massive_channels": row["massive"]["channels"],
+            "super_neurons": len(row["super_neurons"]),
+            "norm_ratio_min": None if ratio is None else ratio[0],
+            "norm_ratio_max": None if ratio is None else ratio[1],
+        })
+    return pd.DataFrame(rows)

@@ -48,7 +48,7 @@ def measure_checkpoint(model: Any, tokens: Int[Tensor, "batch pos"], eps: float)
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
     variant = attention_variant_of(hf_model_of(model))
     patterns = {n: sink_pattern(cache[n], variant) for n in cache if n.endswith(wanted[0])}
-    scores = sink_scores(patterns, key_pos=0, eps=eps)
+    scores = sink_scores(patterns, position=0, eps=eps)
     ratio = first_token_norm_ratio(cache).mean
     resid = max(cache[n].abs().max().item() for n in cache if n.endswith("hook_resid_post"))
     return dict(sink_rate=scores.rate, sink_rate_no_self=scores.rate_no_self,

@@ -1,19 +1,25 @@
-"""Attention patterns of the strongest sink heads as one offline HTML page (circuitsvis).
+"""Attention patterns in circuitsvis, offline: inline in Jupyter, or as one HTML page.
 
-circuitsvis ships its compiled JavaScript (``dist/cdn/iife.js``); we inline it once in the page
-and render every head with ``CircuitsVis.render``, so the page needs no network. The patterns
-come from census.json (``attention_example``: sequence 0, the top heads by sink score).
+circuitsvis ships its compiled JavaScript (``dist/cdn/iife.js``); we inline it in the page (or
+the notebook output) and render every head with ``CircuitsVis.render``, so nothing loads from
+the network. ``mechsink.viz.attention(source, ...)`` (this module is callable: it calls
+:func:`attention`) shows the patterns of a cache, a tensor or a census inline in Jupyter;
+:func:`attention_page` writes the strongest sink heads of every census run as one page.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import sys
+import types
+import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechsink.errors import MissingDependencyError
+from mechsink.errors import BadInputError, MissingDependencyError
 
 
 def circuitsvis_js() -> str:
@@ -82,3 +88,154 @@ def describe(data: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [{"run": r["name"], "heads": [(h["layer"], h["head"], h["sink_score"])
                                          for h in r["attention_example"]["heads"]]}
             for r in data["runs"]]
+
+
+# --- inline views (Jupyter) --------------------------------------------------------------------
+
+
+def _script_json(obj: Any) -> str:
+    """JSON that is safe inside a <script> element (no ``</`` can close it)."""
+    return json.dumps(obj).replace("</", "<\\/")
+
+
+@dataclass(frozen=True)
+class AttentionView:
+    """Attention patterns ready for circuitsvis: shows itself in Jupyter (``_repr_html_``,
+    everything inlined, no network) and saves as a standalone page (:meth:`save`)."""
+
+    patterns: list[list[list[float]]]  # head x query x key
+    tokens: list[str]
+    head_names: list[str]
+    title: str = ""
+
+    def __repr__(self) -> str:
+        n = len(self.tokens)
+        shown = ", ".join(self.head_names[:6]) + (", ..." if len(self.head_names) > 6 else "")
+        return f"AttentionView({self.title or 'attention'!r}, {n} tokens, heads: {shown})"
+
+    def props(self) -> dict[str, Any]:
+        """What ``CircuitsVis.AttentionHeads`` is given."""
+        return {"attention": self.patterns, "tokens": self.tokens,
+                "attentionHeadNames": self.head_names, "maskUpperTri": True}
+
+    def _body(self, div: str) -> str:
+        title = f"<b>{html.escape(self.title)}</b>" if self.title else ""
+        return (f"<div>{title}<div id=\"{div}\"></div></div>\n<script>\n{circuitsvis_js()}\n"
+                f"</script>\n<script>\nCircuitsVis.render({json.dumps(div)}, "
+                f"CircuitsVis.AttentionHeads, {_script_json(self.props())});\n</script>")
+
+    def _repr_html_(self) -> str:
+        return self._body(f"mechsink-attn-{uuid.uuid4().hex[:12]}")
+
+    def html(self) -> str:
+        """A standalone offline HTML page."""
+        title = html.escape(self.title or "attention")
+        return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+                f"<title>{title}</title></head><body>\n{self._body('mechsink-attn')}\n"
+                "</body></html>\n")
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`html` to ``path`` atomically."""
+        from mechsink.io import atomic_write_text
+
+        return atomic_write_text(Path(path), self.html())
+
+
+def attention(
+    source: Any,
+    tokens: Sequence[str] | Any = None,
+    *,
+    layer: int | None = None,
+    heads: Sequence[int] | None = None,
+    batch: int = 0,
+    run: str | None = None,
+    model: Any = None,
+    title: str | None = None,
+) -> AttentionView:
+    """An inline circuitsvis view of attention patterns (renders in Jupyter, offline).
+
+    ``source`` is one of: an ``ActivationCache`` or dict of activations (give ``layer``: its
+    ``hook_pattern`` is shown, sequence ``batch``); a pattern tensor ``[head, query, key]``,
+    ``[query, key]`` or ``[batch, head, query, key]``; a :class:`~mechsink.census.Census` or
+    census.json data (the strongest sink heads of ``run``, default the first run).
+    ``tokens``: token strings, or token ids with ``model`` (default: position numbers).
+    ``heads`` picks heads (default all)."""
+    import torch
+
+    names: list[str]
+    if hasattr(source, "runs"):  # a Census object
+        source = source.to_dict()
+    if isinstance(source, Mapping) and "runs" in source:
+        runs = list(source["runs"])
+        if not runs:
+            raise BadInputError("this census has no runs to show.")
+        chosen = runs[0] if run is None else next((r for r in runs if r["name"] == run), None)
+        if chosen is None:
+            raise BadInputError(f"no run {run!r} in this census; it has "
+                                f"{', '.join(r['name'] for r in runs)}.")
+        ex = chosen["attention_example"]
+        picked = ex["heads"] if heads is None else [ex["heads"][i] for i in heads]
+        return AttentionView(
+            [full_pattern(h["pattern"]) for h in picked], list(ex["tokens"]),
+            [f"L{h['layer']}H{h['head']} (sink {h['sink_score']:.2f})" for h in picked],
+            title or f"{source.get('model', '')} {chosen['name']}: strongest sink heads".strip())
+    if isinstance(source, torch.Tensor):
+        pattern = source.detach()
+        if pattern.ndim == 4:
+            pattern = pattern[batch]
+        if pattern.ndim == 2:
+            pattern = pattern.unsqueeze(0)
+        if pattern.ndim != 3:
+            raise BadInputError(f"a pattern tensor is [head, query, key], [query, key] or "
+                                f"[batch, head, query, key]; got {pattern.ndim} dims.")
+        prefix = "" if layer is None else f"L{layer}"
+    else:
+        if type(source).__name__ != "ActivationCache" and not isinstance(source, Mapping):
+            raise BadInputError(
+                f"attention() shows a cache, a pattern tensor or a census, not a "
+                f"{type(source).__name__}.")
+        from mechsink.bridge import act_name
+
+        if layer is None:
+            raise BadInputError("give layer=... to show a cache's attention pattern.")
+        key = act_name("pattern", layer)
+        try:
+            full = source[key]
+        except KeyError:
+            raise BadInputError(f"the cache holds no {key}: run the model with that hook "
+                                "cached (names_filter).") from None
+        if not 0 <= batch < full.shape[0]:
+            raise BadInputError(f"batch {batch} is outside 0..{full.shape[0] - 1}.")
+        pattern = full[batch].detach()
+        prefix = f"L{layer}"
+    n_heads, seq = int(pattern.shape[0]), int(pattern.shape[-1])
+    idx = list(range(n_heads)) if heads is None else [int(h) for h in heads]
+    bad = [h for h in idx if not 0 <= h < n_heads]
+    if bad:
+        raise BadInputError(f"head {bad[0]} is out of range (0..{n_heads - 1}).")
+    names = [f"{prefix}H{h}" for h in idx]
+    if tokens is None:
+        toks = [str(i) for i in range(seq)]
+    elif isinstance(tokens, torch.Tensor) or (tokens and not isinstance(tokens[0], str)):
+        if model is None:
+            raise BadInputError("token ids need model=... to be turned into strings.")
+        from mechsink.bridge import token_strings
+
+        ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens))
+        toks = token_strings(model, ids[batch] if ids.ndim == 2 else ids)
+    else:
+        toks = [str(t) for t in tokens]
+    if len(toks) != seq:
+        raise BadInputError(f"{len(toks)} tokens for a pattern over {seq} positions.")
+    pats = pattern[idx].float().tolist()
+    return AttentionView(pats, toks, names, title or "")
+
+
+class _CallableModule(types.ModuleType):
+    """``mechsink.viz.attention(...)`` calls :func:`attention`; the module stays a module."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> AttentionView:
+        return attention(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mechsink.viz.style import SIGNED_CMAP, styled
+from mechsink.viz.style import SCORE_CMAP, SIGNED_CMAP, styled
 
 
 def _as_result(result: Any) -> Any:
@@ -23,10 +23,14 @@ def _as_result(result: Any) -> Any:
     return result
 
 
-def heatmap(result: Any, ax: Any = None) -> Any:
+def heatmap(result: Any, ax: Any = None, *, raw: bool = False, title: str | None = None) -> Any:
     """A matplotlib figure of a patching result: a ``PatchResult`` or the path of its JSON
-    (``PatchResult.to_json``). 1-axis results are drawn as a single row; the title names the
-    site, the metric and the clean/corrupted metric values."""
+    (``PatchResult.to_json``). 1-axis results are drawn as a single row.
+
+    Colours show each patch's effect (value minus the run input's metric) on a scale centred
+    on zero; ``raw=True`` shows the values themselves on a sequential scale. The title (or
+    ``title``) names the site, the metric, the direction and the two baselines, wrapped to the
+    figure's width."""
     import matplotlib.pyplot as plt
 
     result = _as_result(result)
@@ -41,28 +45,63 @@ def heatmap(result: Any, ax: Any = None) -> Any:
     rows = [""] if not row_axes else _row_labels(result, row_axes)
     cols = [str(v) for v in result.labels[col_axis]]
     if col_axis in ("pos", "dest_pos", "src_pos") and result.tokens:
-        cols = [f"{p}:{result.tokens[p]!r}" for p in result.labels[col_axis]]
+        cols = [f"{p}:{_short(repr(result.tokens[p]), 12)}" for p in result.labels[col_axis]]
     with styled():
         if ax is None:
-            size = (max(4, 0.45 * len(cols) + 2), max(2, 0.25 * len(rows) + 1.5))
+            size = (min(16, max(4.5, 0.45 * len(cols) + 2)), min(14, max(2.5, 0.25 * len(rows)
+                                                                        + 1.8)))
             fig, ax = plt.subplots(figsize=size)
         else:
             fig = ax.figure
-        base, what = _baseline(result)
-        vals = vals - base
-        lim = float(vals.abs().max()) or 1.0
-        im = ax.imshow(vals.numpy(), cmap=SIGNED_CMAP, vmin=-lim, vmax=lim, aspect="auto")
+        metric = _short(result.metric, 32)
+        if raw:
+            im = ax.imshow(vals.numpy(), cmap=SCORE_CMAP, aspect="auto")
+            bar_label = metric
+        else:
+            base, what = _baseline(result)
+            vals = vals - base
+            lim = float(vals.abs().max()) or 1.0
+            im = ax.imshow(vals.numpy(), cmap=SIGNED_CMAP, vmin=-lim, vmax=lim, aspect="auto")
+            bar_label = f"{metric} {what}"
         ax.set_xticks(range(len(cols)), cols, rotation=90, fontsize=7)
         ax.set_yticks(range(len(rows)), rows, fontsize=7)
         ax.set_xlabel(col_axis)
         ax.set_ylabel(" x ".join(row_axes))
-        other = ("ablated" if result.corrupted_value is None
-                 else f"corrupted {result.corrupted_value:.3g}")
-        ax.set_title(f"{result.site}: {result.metric} (clean {result.clean_value:.3g}, {other})",
-                     fontsize=9)
-        fig.colorbar(im, ax=ax, label=f"{result.metric} {what}")
+        width_chars = int(fig.get_figwidth() * ax.get_position().width * 14)
+        ax.set_title(_fit(title or _title(result), max(30, width_chars)), fontsize=9)
+        fig.colorbar(im, ax=ax, label=_fit(bar_label, 40))
         fig.tight_layout()
     return fig
+
+
+def _short(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _fit(text: str, width: int, lines: int = 3) -> str:
+    """``text`` wrapped to ``width`` characters, at most ``lines`` lines (the last cut)."""
+    import textwrap
+
+    wrapped = textwrap.wrap(text, width) or [""]
+    if len(wrapped) > lines:
+        wrapped = [*wrapped[: lines - 1], _short(" ".join(wrapped[lines - 1:]), width)]
+    return "\n".join(wrapped)
+
+
+def _title(result: Any) -> str:
+    """Site and metric, then what ran and what was patched in, with the baselines."""
+    def fmt(v: float | None) -> str:
+        return "?" if v is None else f"{v:.3g}"
+
+    site = _short(result.site, 48)
+    clean, corr = fmt(result.clean_value), fmt(result.corrupted_value)
+    if result.meta.get("ablation"):
+        how = f"{result.meta['ablation']} ablation (clean {clean})"
+    elif result.meta.get("direction", "denoise") == "noise":
+        how = f"noise: clean run {clean}, corrupted patched in ({corr})"
+    else:
+        how = f"denoise: corrupted run {corr}, clean patched in ({clean})"
+    return f"{site}: {_short(result.metric, 32)}; {how}"
 
 
 def _row_labels(result: Any, row_axes: list[str]) -> list[str]:
