@@ -7,7 +7,15 @@ direction, and that this bias survives training and fingerprints the seed. This 
 - :func:`init_model`: a random GPT-2 / Llama under one of three init schemes;
 - :func:`token_preference`: max / median of the mean next-token probability on random input;
 - :func:`contraction_direction`: the top principal direction of final states on random input;
-- :func:`seedprint_test`: the identity test between two models.
+- :func:`seedprint_test`: the identity test between two models;
+- :func:`calibrate_threshold`, :func:`error_rate`: a threshold on ``z`` calibrated from a null
+  distribution of pairs that do *not* share an initialisation but were trained on the same
+  data, and error rates with exact (Clopper-Pearson) intervals.
+
+Why calibrate: the test's normal p-value assumes unrelated models give taus centred on zero.
+Models trained on the same task learn the same output statistics, so their taus are positive
+without any shared initialisation; the paper's ``p < 0.01`` rule then calls every such pair
+"same seed". The null distribution of ``z`` has to come from unrelated models on the same data.
 
 SeedPrint test, as implemented here: both models read the same random sequences; each gives its
 last-position logits ``x``, turned row-wise into ``softmax(x / 10)``. The ``k`` vocabulary
@@ -185,3 +193,47 @@ def seedprint_test(logits_a: Float[Tensor, "n vocab"], logits_b: Float[Tensor, "
         math.inf, taus.mean().item() or 1.0)
     p = 2 * stats.norm.sf(abs(z))
     return SeedPrintResult(z=z, p_value=float(p), mean_tau=taus.mean().item(), k=k, n_inputs=n)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A threshold on SeedPrint's ``z`` from a null sample (pairs of independent inits)."""
+
+    threshold: float
+    alpha: float
+    null_mean: float
+    null_sd: float
+    null_max: float
+    n_null: int
+
+    def same_seed(self, result: SeedPrintResult) -> bool:
+        """True when ``result.z`` exceeds the calibrated threshold."""
+        return result.z > self.threshold
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def calibrate_threshold(null_z: list[float], alpha: float = 0.01) -> Calibration:
+    """The threshold a null pair exceeds with probability ``alpha``, from a normal fitted to
+    the null ``z`` values (few pairs: an empirical quantile at 0.01 would need hundreds), and
+    never below the largest null value seen."""
+    if len(null_z) < 3 or not 0 < alpha < 0.5:
+        raise BadInputError(f"need >= 3 null pairs and 0 < alpha < 0.5; got {len(null_z)} "
+                            f"pairs, alpha={alpha}.")
+    values = torch.tensor(null_z, dtype=torch.float64)
+    mean, sd = values.mean().item(), values.std(unbiased=True).item()
+    threshold = max(mean + float(stats.norm.isf(alpha)) * sd, values.max().item())
+    return Calibration(threshold=threshold, alpha=alpha, null_mean=mean, null_sd=sd,
+                       null_max=values.max().item(), n_null=len(null_z))
+
+
+def error_rate(errors: int, n: int, confidence: float = 0.95) -> dict[str, float | int]:
+    """``errors / n`` with its exact (Clopper-Pearson) two-sided interval."""
+    if n <= 0 or not 0 <= errors <= n:
+        raise BadInputError(f"need 0 <= errors <= n and n > 0; got {errors} of {n}.")
+    tail = (1 - confidence) / 2
+    low = 0.0 if errors == 0 else float(stats.beta.ppf(tail, errors, n - errors + 1))
+    high = 1.0 if errors == n else float(stats.beta.ppf(1 - tail, errors + 1, n - errors))
+    return {"rate": errors / n, "low": low, "high": high, "errors": errors, "n": n,
+            "confidence": confidence}

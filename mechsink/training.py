@@ -96,7 +96,7 @@ RECIPES: dict[str, Recipe] = {
                data="bigram-backcopy"),
         # Small enough for side-by-side variant comparisons on CPU (the output head dominates).
         Recipe("text-llama-tiny", "llama", n_layers=2, d_model=64, n_heads=4, data="text",
-               seq_len=64, batch_size=8, steps=300, lr=1e-3, warmup=20),
+               seq_len=32, batch_size=4, steps=300, lr=1e-3, warmup=10),
         Recipe("text-gpt2-mini", "gpt2", n_layers=4, d_model=128, n_heads=4, data="text",
                seq_len=64, batch_size=16, steps=2000, lr=1e-3, warmup=100),
         Recipe("text-llama-mini", "llama", n_layers=4, d_model=128, n_heads=4, data="text",

@@ -87,3 +87,48 @@ def test_seedprint_separates_shared_from_different_initialisations(tmp_path):
     # After training on one task, unrelated models correlate too (z of a few units); models
     # that share an initialisation still stand far above them.
     assert min(same) > 2 * max(different), (same, different)
+
+
+def test_calibrated_threshold_is_the_normal_quantile_of_the_null():
+    from statistics import NormalDist, fmean, stdev
+
+    from mechsink.seedprint import calibrate_threshold
+
+    null = [1.0, 2.0, 3.0, 4.0, 5.0]
+    cal = calibrate_threshold(null, alpha=0.01)
+    assert cal.threshold == pytest.approx(fmean(null) + NormalDist().inv_cdf(0.99) * stdev(null))
+    # a null maximum above the fitted quantile is the floor of the threshold
+    heavy = [0.0] * 9 + [50.0]
+    assert calibrate_threshold(heavy, alpha=0.2).threshold == pytest.approx(50.0)
+    with pytest.raises(BadInputError, match="null pairs"):
+        calibrate_threshold([1.0, 2.0])
+
+
+@pytest.mark.parametrize("errors,n", [(0, 12), (3, 12), (12, 12), (1, 4)])
+def test_error_rate_interval_is_clopper_pearson(errors, n):
+    from scipy.stats import binomtest
+
+    from mechsink.seedprint import error_rate
+
+    got = error_rate(errors, n)
+    ci = binomtest(errors, n).proportion_ci(confidence_level=0.95, method="exact")
+    assert got["rate"] == errors / n
+    assert (got["low"], got["high"]) == (pytest.approx(ci.low, abs=1e-9),
+                                         pytest.approx(ci.high, abs=1e-9))
+
+
+def test_seedprint_calibration_on_tiny_organisms(tmp_path):
+    from mechsink.experiments.seedprint import calibration_lines, seedprint_calibration
+
+    cal = seedprint_calibration(tmp_path, TINY, steps=4, null_inits=3, held_out_inits=2, k=8)
+    assert len(cal["null_z"]) == 3 and cal["calibration"]["threshold"] >= max(cal["null_z"])
+    pairs = cal["pairs"]  # 4 held-out organisms: 2 pairs share an init, 4 do not
+    assert sum(p["same_init"] for p in pairs) == 2 and len(pairs) == 6
+    for p in pairs:
+        assert p["calibrated"] == (p["z"] > cal["calibration"]["threshold"])
+        assert p["paper_rule"] == (p["p_value"] < 0.01 and p["z"] > 0)
+    fp = cal["calibrated"]["false_positive"]
+    assert fp["n"] == 4 and fp["errors"] == sum(p["calibrated"] for p in pairs
+                                               if not p["same_init"])
+    assert fp["low"] <= fp["rate"] <= fp["high"]
+    assert "calibrated: z >" in "\n".join(calibration_lines(cal))
