@@ -362,6 +362,29 @@ def _decoder_layer_list(model: Any) -> tuple[nn.Module, str] | None:
 
 
 @contextmanager
+def _masks_follow_batch(model: Any) -> Iterator[None]:
+    """Let a hook grow the batch mid-forward (the patching engine's staircase adds copies at
+    later blocks): an attention mask built for the first rows is cut to one row, which every
+    row shares (mechsink never pads, so each row's causal mask is the same)."""
+
+    def one_row(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        mask = kwargs.get("attention_mask")
+        hidden = kwargs.get("hidden_states", args[0] if args else None)
+        if (isinstance(mask, Tensor) and mask.ndim == 4 and isinstance(hidden, Tensor)
+                and mask.shape[0] not in (1, hidden.shape[0])):
+            kwargs = {**kwargs, "attention_mask": mask[:1]}
+        return args, kwargs
+
+    handles = [b.attn.register_forward_pre_hook(one_row, with_kwargs=True)
+               for b in model.blocks]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
 def _only_blocks_from(model: Any, start: int) -> Iterator[None]:
     """Make the wrapped model iterate over blocks ``start..`` only (restored on exit).
 
@@ -398,8 +421,8 @@ def run_from_layer(
     *,
     fwd_hooks: Sequence[tuple[str, HookFn]] = (),
     stop_after: Collection[str] = (),
-    prefix: tuple[PrefixKV, int] | None = None,
-) -> Float[Tensor, "batch pos d_vocab"] | None:
+    prefix: tuple[PrefixKV, int] | tuple[PrefixKV, int, Sequence[int]] | None = None,
+) -> Float[Tensor, "rows pos d_vocab"] | None:
     """Run blocks ``start..`` on ``resid`` (the residual entering block ``start``) with hooks.
 
     With ``stop_after`` the pass ends as soon as each named hook has fired once (later blocks,
@@ -427,12 +450,14 @@ def run_from_layer(
     kwargs: dict[str, Any] = {}
     reads_cache: Any = nullcontext()
     if prefix is not None and prefix[1] > 0:
-        kv, first = prefix
-        copies = resid.shape[0] // kv.keys[0].shape[0]
+        kv, first = prefix[0], prefix[1]
+        # a third entry gives the copies entering each layer (a batch that grows on the way)
+        copies = prefix[2] if len(prefix) > 2 else resid.shape[0] // kv.keys[0].shape[0]
         kwargs = {"cache": kv.cache_for(first, copies), "use_cache": True}
         reads_cache = _attention_reads_cache(model)
     try:
-        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache:
+        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache, \
+                _masks_follow_batch(model):
             logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
     except _StopForward:
         return None
@@ -526,15 +551,18 @@ class PrefixKV:
         self.config = hf_model_of(model).config
         self.keys, self.values = keys, values
 
-    def cache_for(self, first: int, copies: int) -> Any:
+    def cache_for(self, first: int, copies: int | Sequence[int]) -> Any:
         """A fresh transformers cache holding positions ``< first``, repeated ``copies`` times
-        along the batch (copy-major, like the stacked patch batches)."""
+        along the batch (copy-major, like the stacked patch batches); a sequence gives each
+        layer its own number of copies (0: the layer is not run; it still holds one copy,
+        because transformers reads the cached length off layer 0)."""
         from transformers import DynamicCache
 
+        per_layer = [copies] * len(self.keys) if isinstance(copies, int) else list(copies)
         cache = DynamicCache(config=self.config)
-        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-            cache.update(k[:, :, :first].repeat(copies, 1, 1, 1),
-                         v[:, :, :first].repeat(copies, 1, 1, 1), layer)
+        for layer, (k, v, c) in enumerate(zip(self.keys, self.values, per_layer, strict=True)):
+            cache.update(k[:, :, :first].repeat(max(c, 1), 1, 1, 1),
+                         v[:, :, :first].repeat(max(c, 1), 1, 1, 1), layer)
         return cache
 
 

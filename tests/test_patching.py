@@ -345,6 +345,39 @@ def test_prefix_reuse_equals_the_plain_patch(tiny, site, metric):
     assert min(seen) < 6  # some forwards really started after position 0
 
 
+@pytest.mark.parametrize("site", ["resid_pre", "z", "k", "resid_mid", "neuron",
+                                  "pattern_dest_src", "mlp_out", "attn_out"])
+@pytest.mark.parametrize("metric", ["logit_diff", "sink", "massive"])
+def test_staircase_equals_one_layer_per_forward(tiny, site, metric):
+    """Patches at different layers sharing a forward (each copy joining the batch at its own
+    block, with prefix reuse) give the same sweep as one forward per layer; and the batch
+    really grew on the way (block 1 saw more rows than block 0)."""
+    from mechsink.patching import engine
+
+    metrics = {"logit_diff": LogitDiff(100, 200), "sink": SinkScore(1),
+               "massive": MassiveValue(1, 0, 3) + ResidNorm(0, 4)}
+    the_site = parse_site(site, layers=(0, 1)) if site.startswith("pattern") else site
+    if site == "neuron":
+        the_site = parse_site("neuron", layers=(0, 1), units=(0, 7))
+    clean, corrupted = _pair(tiny)
+    rows: dict[int, list[int]] = {0: [], 1: []}
+
+    def spy(layer):
+        return lambda act, hook: rows[layer].append(act.shape[0])
+
+    with tiny.hooks(fwd_hooks=[(f"blocks.{i}.attn.hook_q", spy(i)) for i in (0, 1)]):
+        stairs = activation_patch(tiny, clean, corrupted, the_site, metrics[metric])
+    engine.SPEEDUPS["staircase"] = False
+    try:
+        plain = activation_patch(tiny, clean, corrupted, the_site, metrics[metric])
+    finally:
+        engine.SPEEDUPS["staircase"] = True
+    assert (stairs.values - plain.values).abs().max() <= 1e-5
+    assert (stairs.values - stairs.corrupted_value).abs().max() > 1e-6
+    grew = [b > a for a, b in zip(rows[0], rows[1], strict=False)]
+    assert any(grew), rows
+
+
 def test_prefix_reuse_with_ablations_and_restricted_positions(llama_tiny):
     site = parse_site("resid_pre_all_pos", positions=(3, 5))
     for ablation in ("zero", "batch_mean", "position_mean", "resample"):
@@ -434,7 +467,7 @@ def test_progress_bar_is_silent_off_a_terminal(gpt2_tiny, capsys):
 @pytest.mark.slow
 def test_prefix_reuse_on_gemma_sliding_window_layers():
     """Gemma 3 (sliding-window and global layers, two rotary bases, GQA 4q/1kv): the resid_pre
-    and z sweeps with prefix reuse equal the plain ones, and the plain one equals
+    and z sweeps with prefix reuse and the staircase equal the plain ones, and the plain one equals
     TransformerLens's own loop on one layer."""
     from mechsink import load_model
     from mechsink.patching import engine
@@ -445,11 +478,11 @@ def test_prefix_reuse_on_gemma_sliding_window_layers():
     metric = LogitDiff(100, 200)
     for site in (parse_site("resid_pre", layers=(1, 5, 7)), parse_site("z", layers=(5,))):
         fast = activation_patch(model, clean, corrupted, site, metric)
-        engine.SPEEDUPS["prefix_reuse"] = False
+        engine.SPEEDUPS["prefix_reuse"] = engine.SPEEDUPS["staircase"] = False
         try:
             plain = activation_patch(model, clean, corrupted, site, metric)
         finally:
-            engine.SPEEDUPS["prefix_reuse"] = True
+            engine.SPEEDUPS["prefix_reuse"] = engine.SPEEDUPS["staircase"] = True
         # 1e-5 relative: the logit difference is about -25 here, where float32 rounding of
         # differently shaped batches alone moves values by a few 1e-6
         scale = max(1.0, plain.values.abs().max().item())

@@ -28,7 +28,7 @@ from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imp
     outputs_on,
     resolve_needs,
 )
-from mechsink.patching.metrics import ALL, Metric
+from mechsink.patching.metrics import ALL, Metric, layer_of
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
@@ -120,42 +120,73 @@ def activation_patch(
     )
 
 
+def _work(units: list[tuple[int, ...]], joins: dict[tuple[int, ...], int], last: int,
+          seq_len: int, first: dict[tuple[int, ...], int], from_pos: int | None = None) -> int:
+    """Layer-tokens a batch of ``units`` computes: each from its join block to ``last``, from
+    position ``from_pos`` (the batch's earliest) or, alone, from its own first position."""
+    return sum(max(0, last + 1 - joins[u])
+               * (seq_len - (first[u] if from_pos is None else from_pos)) for u in units)
+
+
 def _chunks(
     model: Any, site: Site, units: list[tuple[int, ...]], s: engine.Setup,
     batch_size: int | None, memory_budget: int | None,
 ) -> list[tuple[int, list[tuple[int, ...]]]]:
-    """Units of one layer in batches, latest positions first: ``(first position, units)``.
+    """Units in batches, latest positions first: ``(first position, units by layer)``.
 
-    A batch starts at its earliest unit's position, so mixing positions recomputes some
-    tokens twice; a unit joins the batch while that stays within
+    With the staircase every unit of a batch joins at its own layer, so a batch may hold
+    every layer; it starts at its earliest unit's position, so mixing positions recomputes
+    some tokens twice: a unit joins the batch while that stays within
     :data:`~mechsink.patching.engine.MAX_RECOMPUTE` of the least work and the batch within
-    the token target and memory budget (or ``batch_size`` units, when given).
+    the token target and memory budget (or ``batch_size`` units, when given). Without the
+    staircase, batches hold one layer each (every copy runs from the batch's first block).
     """
     reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
+    stairs = _staircase()
     logit_positions = -1 if s.needs.logits == ALL else len(s.needs.logits or ())
-    ordered = sorted(units, key=lambda u: -site.first_position(u))
+    last = _last_layer(model, s)
+    first = {u: site.first_position(u) if reuse else 0 for u in units}
+    joins = {u: u[0] for u in units}
+    groups: dict[int, list[tuple[int, ...]]] = {}
+    for u in units:
+        groups.setdefault(u[0] if not stairs else 0, []).append(u)
     out: list[tuple[int, list[tuple[int, ...]]]] = []
-    chunk: list[tuple[int, ...]] = []
-    useful = 0
-    for u in ordered:
-        first = site.first_position(u) if reuse else 0
-        suffix = s.seq_len - first
+    for group in groups.values():
+        ordered = sorted(group, key=lambda u: (-first[u], u[0]))
+        chunk: list[tuple[int, ...]] = []
+        for u in ordered:
+            if chunk:
+                trial = chunk + [u]
+                p = first[u]
+                if batch_size is not None:
+                    fits = len(trial) <= batch_size
+                else:
+                    cap = engine.copies_per_batch(model, s.batch, s.seq_len, p, logit_positions,
+                                                  memory_budget=memory_budget)
+                    fits = len(trial) <= cap and _work(
+                        trial, joins, last, s.seq_len, first, p) <= engine.MAX_RECOMPUTE * _work(
+                        trial, joins, last, s.seq_len, first)
+                if not fits:
+                    out.append((first[chunk[-1]], sorted(chunk, key=lambda v: v[0])))
+                    chunk = []
+            chunk.append(u)
         if chunk:
-            n = len(chunk) + 1
-            if batch_size is not None:
-                fits = n <= batch_size
-            else:
-                cap = engine.copies_per_batch(model, s.batch, s.seq_len, first, logit_positions,
-                                              memory_budget=memory_budget)
-                fits = n <= cap and n * suffix <= engine.MAX_RECOMPUTE * (useful + suffix)
-            if not fits:
-                out.append((site.first_position(chunk[-1]) if reuse else 0, chunk))
-                chunk, useful = [], 0
-        chunk.append(u)
-        useful += suffix
-    if chunk:
-        out.append((site.first_position(chunk[-1]) if reuse else 0, chunk))
+            out.append((first[chunk[-1]], sorted(chunk, key=lambda v: v[0])))
     return out
+
+
+def _staircase() -> bool:
+    """Whether patches at different layers share a forward (needs start_at_patched_layer)."""
+    return SPEEDUPS["staircase"] and SPEEDUPS["start_at_patched_layer"]
+
+
+def _last_layer(model: Any, s: engine.Setup) -> int:
+    """The last block a patched forward runs: the last the metrics read (all with logits)."""
+    n_layers = int(model.cfg.n_layers)
+    if s.needs.logits is not None:
+        return n_layers - 1
+    layers = [layer_of(h) for h in s.needs.hooks]
+    return max([x for x in layers if x is not None], default=n_layers - 1)
 
 
 def _sweep(
@@ -168,28 +199,31 @@ def _sweep(
     shape = tuple(len(v) for v in axis_vals.values())
     index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
     cell = {u: tuple(w[x] for w, x in zip(index_of, u, strict=True)) for u in site.patches()}
-    by_layer: dict[int, list[tuple[int, ...]]] = {}
-    for u in site.patches():
-        by_layer.setdefault(u[0], []).append(u)
     pos_dim = 1 if site.family == "pattern" else 0  # position axis of one unit's mask
     got: dict[tuple[int, ...], Tensor] = {}
     with engine.progress(len(cell), f"patching {site.label}") as bar:
-        for layer, layer_units in by_layer.items():
-            name = site.hook_name(layer)
-            act = sources[name]
-            start = layer if SPEEDUPS["start_at_patched_layer"] else 0
-            resid = run.acts[act_name("resid_pre", start)]
-            for first, chunk in _chunks(model, site, layer_units, s, batch_size, memory_budget):
-                masks = torch.stack([site.mask(u, act.shape[1:]) for u in chunk]).to(act.device)
+        for first, chunk in _chunks(model, site, list(site.patches()), s, batch_size,
+                                    memory_budget):
+            layers = [u[0] for u in chunk]
+            start = layers[0] if SPEEDUPS["start_at_patched_layer"] else 0
+            joins = layers if _staircase() else None
+            hooks = []
+            for layer in sorted(set(layers)):
+                units = [u for u in chunk if u[0] == layer]
+                name = site.hook_name(layer)
+                act = sources[name]
+                masks = torch.stack([site.mask(u, act.shape[1:]) for u in units]).to(act.device)
                 src = _source(act, run.acts.get(name), reference.get(name), abl, masks, site)
                 masks = masks.narrow(pos_dim + 1, first, masks.shape[pos_dim + 1] - first)
                 src = src.narrow(pos_dim + 2, first, src.shape[pos_dim + 2] - first)
-                context = f"while patching {site.label} at {chunk[0]}"
-                vals = engine.run_patched(model, run, s.metrics, s.needs, resid, start,
-                                          len(chunk), [(name, _patch_hook(masks, src, s.batch))],
-                                          first=first, context=context)[0]
-                got.update(zip(chunk, vals, strict=True))
-                bar.update(len(chunk))
+                offset = None if joins is None else layers.index(layer)
+                hooks.append((name, _patch_hook(masks, src, s.batch, offset)))
+            resid = run.acts[act_name("resid_pre", start)]
+            context = f"while patching {site.label} at {chunk[0]}"
+            vals = engine.run_patched(model, run, s.metrics, s.needs, resid, start, len(chunk),
+                                      hooks, first=first, joins=joins, context=context)[0]
+            got.update(zip(chunk, vals, strict=True))
+            bar.update(len(chunk))
     return engine.fill(shape, {u: cell[u] for u in cell}, got)
 
 
@@ -211,13 +245,18 @@ def _source(
     return abl.values(act, reference=ref).unsqueeze(0)
 
 
-def _patch_hook(masks: Tensor, src: Tensor, batch: int) -> HookFn:
-    """A hook writing ``src`` where ``masks[i]`` is True into copy ``i`` of a stacked batch."""
+def _patch_hook(masks: Tensor, src: Tensor, batch: int, offset: int | None = None) -> HookFn:
+    """A hook writing ``src`` where ``masks[i]`` is True into copy ``i`` of a stacked batch;
+    with ``offset`` (the staircase), into copy ``offset + i`` of the copies present."""
     n = masks.shape[0]
 
     def hook(act: Tensor, hook: Any) -> Tensor:
-        view = act.reshape(n, batch, *act.shape[1:])
-        patched = torch.where(masks.unsqueeze(1), src.to(act.dtype), view)
-        return write_in_place(act, patched.reshape(act.shape))
+        lo = 0 if offset is None else offset * batch
+        part = act[lo:lo + n * batch]
+        view = part.reshape(n, batch, *act.shape[1:])
+        patched = torch.where(masks.unsqueeze(1), src.to(act.dtype), view).reshape(part.shape)
+        if lo == 0 and n * batch == act.shape[0]:
+            return write_in_place(act, patched)
+        return write_in_place(act, torch.cat([act[:lo], patched, act[lo + n * batch:]]))
 
     return hook

@@ -14,6 +14,9 @@ Why it is fast: a patched run equals its source run upstream of the patch, so
   ``< p`` are the recorded ones;
 - many patches are stacked in the batch of one forward, as many as the memory budget allows
   (:func:`copies_per_batch`);
+- *staircase*: patches at different layers share one forward; each copy joins the batch at
+  the block it patches (its residual there is the recorded one), so no copy recomputes the
+  blocks upstream of its patch and the batch stays large;
 - the forward stops after the last hook the metrics read, and only the positions a logit
   metric reads are unembedded.
 
@@ -62,7 +65,8 @@ DEFAULT_MEMORY_BUDGET = 512 * 2**20
 MAX_RECOMPUTE = 1.25
 
 #: the speed ideas, switchable so benchmarks/patching.py can measure what each one buys
-SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True}
+SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True,
+            "staircase": True}
 
 
 def as_tokens(model: Any, x: TokensLike, *, prepend_bos: bool = True) -> Int[Tensor, "batch pos"]:
@@ -257,10 +261,17 @@ def run_patched(
     *,
     first: int = 0,
     stacked: bool = False,
+    joins: Sequence[int] | None = None,
     context: str = "",
 ) -> list[list[Tensor]]:
     """Run ``n`` stacked copies of ``resid`` (the residual entering block ``start``) with
     ``hooks``; return ``values[metric][copy]``.
+
+    ``joins`` (non-decreasing, ``joins[0] == start``) is the block at which each copy enters
+    the batch: copy ``i`` starts from ``base``'s residual entering block ``joins[i]``, so a
+    copy patched at a later layer never recomputes the blocks before it (the staircase).
+    ``resid`` is then the copies joining at ``start`` only, and hooks see, in block ``L``,
+    the copies that joined at or before ``L`` (those joining at ``L`` last).
 
     ``base`` is the unpatched run the copies equal upstream of the patch: hooks the metrics
     read before ``start`` come from it, and with ``first = p > 0`` (every patch at positions
@@ -272,6 +283,11 @@ def run_patched(
     p = first if (first > 0 and base.kv is not None and SPEEDUPS["prefix_reuse"]) else 0
     final = final_resid(model)
     captured: dict[str, Tensor] = {}
+    joins = [start] * n if joins is None else list(joins)
+    if len(joins) != n or joins[0] != start or sorted(joins) != joins or (stacked and any(
+            j != start for j in joins)):
+        raise ValueError(f"joins must be {n} non-decreasing layers starting at {start}.")
+    grow = _growth_hooks(base, joins, start, p)
 
     def capture_as(name: str) -> HookFn:  # keyed by the name asked for (hooks have aliases)
         def capture(act: Tensor, hook: Any) -> None:
@@ -284,23 +300,33 @@ def run_patched(
     positions = needs.logits if isinstance(needs.logits, tuple) else None
     if positions is not None and max(positions) >= p:
         wanted.add(final)
-    rows = resid if stacked else _repeat(resid, n)
+    rows = resid if stacked else _repeat(resid, joins.count(start))
     logits = None
     if needs.logits == ALL or wanted:
         early = needs.logits != ALL and SPEEDUPS["early_stop"]
+        prefix: tuple[Any, ...] | None = None
+        if p and base.kv is not None:
+            n_layers = int(model.cfg.n_layers)
+            prefix = (base.kv, p) if len(grow) == 0 else (
+                base.kv, p, [sum(j <= layer for j in joins) for layer in range(n_layers)])
         logits = run_from_layer(
             model, rows[:, p:], start,
-            fwd_hooks=list(hooks) + [(h, capture_as(h)) for h in sorted(wanted)],
+            fwd_hooks=grow + list(hooks) + [(h, capture_as(h)) for h in sorted(wanted)],
             stop_after=tuple(sorted(wanted)) if early else (),
-            prefix=(base.kv, p) if p and base.kv is not None else None,  # type: ignore[arg-type]
+            prefix=prefix,  # type: ignore[arg-type]
         )
     acts: dict[str, Tensor] = {}
     for h in needs.hooks:
-        if h in before or p == 0:
-            acts[h] = _repeat(base.acts[h], n) if h in before else captured[h]
-        else:
+        if h in before:
+            acts[h] = _repeat(base.acts[h], n)
+            continue
+        layer = layer_of(h)
+        present = n if layer is None else sum(j <= layer for j in joins)
+        got = captured[h]
+        if p:
             axis = _position_axis(h)
-            acts[h] = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), n), captured[h]], axis)
+            got = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), present), got], axis)
+        acts[h] = got if present == n else torch.cat([got, _repeat(base.acts[h], n - present)])
     if positions is not None:
         cols = [captured[final][:, q - p] if q >= p else _repeat(base.acts[final][:, q], n)
                 for q in positions]
@@ -315,6 +341,21 @@ def run_patched(
         for j, metric in enumerate(metrics):
             values[j].append(check_value(metric(out), f"{context} (patch {i})", metric))
     return values
+
+
+def _growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple[str, HookFn]]:
+    """Hooks that append, entering block ``L``, the copies that join there: ``base``'s own
+    residual at ``L`` (positions ``p..``), to be patched by the caller's hooks of block ``L``."""
+    hooks: list[tuple[str, HookFn]] = []
+    for layer in sorted(set(joins) - {start}):
+        name = act_name("resid_pre", layer)
+        new = _repeat(base.acts[name][:, p:], joins.count(layer))
+
+        def append(act: Tensor, hook: Any, _new: Tensor = new) -> Tensor:
+            return torch.cat([act, _new.to(act.dtype)], 0)
+
+        hooks.append((name, append))
+    return hooks
 
 
 def bytes_per_copy(model: Any, batch: int, seq_len: int, first: int, logit_positions: int) -> int:
