@@ -189,10 +189,10 @@ def main() -> None:
 
     tokens = make_prompts(model, "natural", "bos", n=args.p0_n, seq_len=args.p0_seq_len).tokens
     sn = dominant_super_neuron(model, tokens)
-    sn_layer, channel = int(sn["layer"]), int(sn["channel"])
+    sn_layer, channel = sn.layer, sn.channel
     blocks = min(max(sn_layer + 1, args.p0_blocks), n_layers)
     comps = [f"L{lay}H{h}@0" for lay in range(blocks) for h in range(int(model.cfg.n_heads))]
-    comps += [f"MLP{lay}@0" for lay in range(blocks)] + [f"L{sn_layer}N{sn['neuron']}@0"]
+    comps += [f"MLP{lay}@0" for lay in range(blocks)] + [f"L{sn_layer}N{sn.neuron}@0"]
     targets = sorted({min(sn_layer + k, n_layers - 1) for k in (2, 4, 6)})
     while len(targets) < 3:
         targets.append(targets[-1])

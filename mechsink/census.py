@@ -35,6 +35,7 @@ from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_text
 from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
 from mechsink.measure._cache import CacheLike, hook_names, rounded
+from mechsink.names import renamed_kwarg
 from mechsink.prompts import (
     DEFAULT_N,
     DEFAULT_SEQ_LEN,
@@ -171,11 +172,16 @@ def measure_cache(
     w_out: Float[Tensor, "layer d_mlp d_model"],
     w_o: Float[Tensor, "layer head d_head d_model"],
     eps: float = sinks.DEFAULT_EPS,
-    key_pos: int = 0,
+    position: int | None = None,
+    **old: Any,
 ) -> dict[str, Any]:
-    """All census measurements of one cache (pure: no model call), keyed by RunCensus field."""
+    """All census measurements of one cache (pure: no model call), keyed by RunCensus field;
+    sink scores of key ``position`` (default 0; ``key_pos=`` is its old name)."""
+    position = renamed_kwarg(old, "key_pos", "position", position, "measure_cache")
+    if old:
+        raise TypeError(f"measure_cache() got unexpected arguments {sorted(old)}.")
     return {
-        "sinks": sinks.sink_scores(cache, key_pos, eps),
+        "sinks": sinks.sink_scores(cache, 0 if position is None else position, eps),
         "massive": massive.massive_activations(cache),
         "mlp": super_neurons.mlp_spikes(cache, w_out),
         "super_sets": super_neurons.super_neuron_sets(cache, w_out),

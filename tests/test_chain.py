@@ -257,8 +257,8 @@ def test_smollm2_complete_set_has_several_neurons_and_its_removal_moves_the_sink
 
     tokens = make_prompts(smollm2, "natural", "bos", n=4, seq_len=32).tokens
     found = massive_channel_sets(smollm2, tokens)
-    assert (found["channel"], found["creating_layer"]) == (507, 11)
-    complete = found["sets"][11]
+    assert (found.channel, found.creating_layer) == (507, 11)
+    complete = found.sets[11]
     assert len(complete.units) > 1 and complete.explained >= 0.95
     assert complete.units[0] == 1229  # the single super neuron the census always found
     dr = chain.dose_response(smollm2, tokens, chain.neuron_set(smollm2, 11, complete.units,

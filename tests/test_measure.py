@@ -71,7 +71,7 @@ def test_sink_scores_match_transformers_attentions(fixture, request):
 def test_sink_scores_other_key_position(llama_tiny):
     tokens = make_prompts(llama_tiny, "random", "nobos", n=2, seq_len=10, seed=3).tokens
     cache = _cache(llama_tiny, tokens, ["attn.hook_pattern"])
-    scores = sink_scores(cache, key_pos=4)
+    scores = sink_scores(cache, position=4)
     pattern = cache["blocks.1.attn.hook_pattern"]
     expected = pattern[:, :, 4:, 4].mean(-1)
     torch.testing.assert_close(scores.gu[:, 1], expected.float(), atol=1e-6, rtol=0)

@@ -23,14 +23,14 @@ TEXT = "The structural origin of the sink: variance, super neurons, dimension di
 
 def test_sink_readout_matches_a_direct_measurement_and_sees_the_mask(llama_tiny):
     tokens = to_tokens(llama_tiny, [TEXT, TEXT], prepend_bos=True)
-    plain = sink_readout(llama_tiny, tokens, key_positions=[0, 3], channel=5)
+    plain = sink_readout(llama_tiny, tokens, positions=[0, 3], include_self=False, channel=5)
     _, cache = llama_tiny.run_with_cache(tokens)
     direct = sink_score(cache["blocks.1.attn.hook_pattern"], 3, include_self=False).mean(0)
     torch.testing.assert_close(plain.scores[3][1], direct)
     torch.testing.assert_close(plain.channel_values[3][1],
                                cache["blocks.1.hook_resid_post"][:, 3, 5].mean())
     masked = sink_readout(llama_tiny, tokens, attend_only_to_self(llama_tiny, [0, 1], 3),
-                   key_positions=[3])
+                          positions=[3], include_self=False)
     assert not torch.allclose(masked.scores[3], plain.scores[3])
 
 

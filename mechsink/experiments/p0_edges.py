@@ -128,11 +128,11 @@ def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int =
     """The P0-sink edge circuit on ``n`` natural sequences of ``seq_len`` tokens (with BOS)."""
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     sn = dominant_super_neuron(model, tokens)
-    part = edge_part(model, tokens, channel=sn["channel"], layer=sn["layer"], method=method,
+    part = edge_part(model, tokens, channel=sn.channel, layer=sn.layer, method=method,
                      steps=steps, verify=verify, n_random=n_random, target=target)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
-            "seq_len": seq_len, "super_neuron": {k: sn[k] for k in ("layer", "neuron",
-                                                                     "channel")}, **part}
+            "seq_len": seq_len,
+            "super_neuron": {k: getattr(sn, k) for k in ("layer", "neuron", "channel")}, **part}
     return ExperimentResult("p0_edges", data)
 
 

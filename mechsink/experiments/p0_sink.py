@@ -119,12 +119,13 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
                for v in ("bos", "nobos", "randfirst")}
     tokens = prompts["bos"]
     found = massive_channel_sets(model, tokens)
-    channel, sn_layer = found["channel"], found["creating_layer"]
-    units = found["sets"][sn_layer].units
+    channel, sn_layer = found.channel, found.creating_layer
+    units = found.sets[sn_layer].units
     set_name = f"L{sn_layer}N" + "+".join(str(u) for u in units)
 
     def measure(t, edits=()):
-        r = sink_readout(model, t, list(edits), key_positions=[0], channel=channel)
+        r = sink_readout(model, t, list(edits), positions=[0], include_self=False,
+                         channel=channel)
         return r.rates[0], r.channel_values[0].abs().max().item(), r.scores[0]
 
     plain = {v: measure(t) for v, t in prompts.items()}  # one forward per first-token variant
@@ -201,7 +202,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
             "seq_len": seq_len,
             "ablation": "position_mean at position 0", "sink_layers": targets,
             "super_neuron": {"layer": sn_layer, "neuron": units[0], "channel": channel},
-            "super_neuron_set": found["sets"][sn_layer].to_dict(),
+            "super_neuron_set": found.sets[sn_layer].to_dict(),
             "clean": clean_values, "first_token": first_token, "nodes": nodes,
             "edges": edges, "circuit": found_circuit.to_dict(),
             "through_channel": through}

@@ -60,7 +60,7 @@ def variance_part(model: Any, n: int, seq_len: int) -> dict:
 
 def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
     keys = [0, *positions]
-    base = sink_readout(model, tokens, key_positions=keys, channel=sn["channel"])
+    base = sink_readout(model, tokens, positions=keys, include_self=False, channel=sn["channel"])
     plant_layer = min(sn["layer"] + 1, model.cfg.n_layers - 1)  # after the creating block
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda h: h in (
@@ -75,8 +75,8 @@ def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
                                             value=massive, units=[sn["channel"]],
                                             positions=[k])]}
         for name, interventions in edits.items():
-            after = sink_readout(model, tokens, interventions, key_positions=[0, k],
-                          channel=sn["channel"])
+            after = sink_readout(model, tokens, interventions, positions=[0, k],
+                                 include_self=False, channel=sn["channel"])
             rows.append({"k": k, "intervention": name,
                          "sink_at_k_before": base.mean_score(k), "sink_at_k_after":
                          after.mean_score(k), "rate_at_k_after": after.rates[k],
@@ -153,12 +153,12 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     grid = [float(d) for d in doses]
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     found = massive_channel_sets(model, tokens)
-    channel, creating = found["channel"], found["creating_layer"]
-    sets = found["sets"]
+    channel, creating = found.channel, found.creating_layer
+    sets = found.sets
     top = sets[creating].units[0]
     sn = {"layer": creating, "neuron": top, "channel": channel,
-          "channel_at_pos0": found["channel_at_pos0"],
-          "median_abs_at_pos0": found["median_abs_at_pos0"]}
+          "channel_at_pos0": found.channel_at_pos0,
+          "median_abs_at_pos0": found.median_abs_at_pos0}
 
     def dose(target: chain.Target, grid_: Sequence[float]) -> chain.DoseResponse:
         return chain.dose_response(model, tokens, target, grid_, batch_size=batch_size)
@@ -166,7 +166,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     creating_dr = dose(chain.neuron_set(model, creating, sets[creating].units,
                                         channels=[channel]), grid)
     curves = {"creating_set": creating_dr.to_dict()}
-    builders = found["builders"]
+    builders = found.builders
     if builders != [creating]:
         curves["all_builders"] = dose(chain.neuron_sets(
             model, {lay: sets[lay].units for lay in builders}, channels=[channel]),
@@ -181,8 +181,8 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
             "seq_len": seq_len, "inputs": "natural/bos (variance: random and natural, randfirst)",
             "variance": variance_part(model, n, seq_len), "super_neuron": sn,
             "super_neuron_sets": {
-                "channel": channel, "creating_layer": creating, "peak_layer": found["peak_layer"],
-                "builders": builders, "massive_channels": found["massive_channels"],
+                "channel": channel, "creating_layer": creating, "peak_layer": found.peak_layer,
+                "builders": builders, "massive_channels": found.massive_channels,
                 "sets": [s.to_dict() for s in sets.values()]},
             "dose_response": curves,
             "surgery": {"layer": surgery_layer,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
-from typing import Protocol, runtime_checkable
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -79,3 +79,22 @@ def rounded_list(t: Tensor, digits: int = 6) -> list:
         return rounded(t.item(), digits)  # type: ignore[return-value]
     return [rounded_list(row, digits) for row in t] if t.ndim > 1 else \
         [rounded(v, digits) for v in t.tolist()]
+
+
+def frame(columns: dict[str, Any]) -> Any:
+    """A pandas DataFrame from equal-length columns (lists or 1-D tensors)."""
+    import pandas as pd
+
+    return pd.DataFrame({k: v.tolist() if isinstance(v, Tensor) else list(v)
+                         for k, v in columns.items()})
+
+
+def grid_frame(index: Sequence[str], values: dict[str, Tensor]) -> Any:
+    """One row per cell of equally shaped tensors (``index`` names their axes), e.g. one row
+    per (layer, head) with a column per measurement."""
+    first = next(iter(values.values()))
+    cells = torch.cartesian_prod(*[torch.arange(n) for n in first.shape]).reshape(
+        -1, first.dim())
+    cols: dict[str, Any] = {name: cells[:, i] for i, name in enumerate(index)}
+    cols.update({k: v.detach().double().flatten().cpu() for k, v in values.items()})
+    return frame(cols)

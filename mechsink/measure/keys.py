@@ -19,7 +19,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, n_layers_in, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, grid_frame, n_layers_in, rounded_list, stacked
 
 PLAIN_HOOKS = ("attn.hook_q", "attn.hook_k")
 ROTARY_HOOKS = ("attn.hook_rot_q", "attn.hook_rot_k")
@@ -44,6 +44,11 @@ class KeyBiasCosine:
     @classmethod
     def merge(cls, parts: Sequence[KeyBiasCosine]) -> KeyBiasCosine:
         return cls(torch.cat([p.first for p in parts]), torch.cat([p.rest for p in parts]))
+
+    def to_frame(self) -> Any:
+        """One row per (layer, head): mean cos(q, k_0) and mean cos(q, k_j>0)."""
+        return grid_frame(("layer", "head"), {"first": self.first.double().mean(0),
+                                              "rest": self.rest.double().mean(0)})
 
     def to_dict(self) -> dict[str, Any]:
         return {"key_bias_cosine": {"first": rounded_list(self.first.double().mean(0)),

@@ -24,7 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, frame, rounded, rounded_list, stacked
 
 HOOKS = ("hook_resid_post",)
 ABS_THRESHOLD = 100.0
@@ -144,6 +144,13 @@ class MassiveReport:
     def activations(self, reference: str = "position") -> list[MassiveActivation]:
         """Grouped massive entries under ``reference`` (``"position"`` or ``"layer"``)."""
         return (self.by_position if reference == "position" else self.by_layer).grouped()
+
+    def to_frame(self, reference: str = "position") -> Any:
+        """One row per massive activation (grouped as in :meth:`activations`)."""
+        rows = [a.to_dict() for a in self.activations(reference)]
+        keys = rows[0].keys() if rows else ("layer", "position", "channel", "value",
+                                            "ratio_to_median", "max_abs", "count")
+        return frame({k: [r[k] for r in rows] for k in keys})
 
     def to_dict(self) -> dict[str, Any]:
         mean_top3 = self.top3.double().mean(0)

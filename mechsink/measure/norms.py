@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
 
 RESID_HOOKS = ("hook_resid_post",)
 VALUE_HOOKS = ("attn.hook_v",)
@@ -51,6 +51,13 @@ class PerSequence:
     @property
     def mean(self) -> Tensor:
         return self.values.double().mean(0)
+
+    def to_frame(self) -> Any:
+        """One row per layer (and KV head, for the value drain): mean, min and max over
+        sequences."""
+        v = self.values.double()
+        index = ("layer", "kv_head")[: v.dim() - 1]
+        return grid_frame(index, {self.name: v.mean(0), "min": v.amin(0), "max": v.amax(0)})
 
     def to_dict(self) -> dict[str, Any]:
         return {self.name: rounded_list(self.mean),
@@ -97,6 +104,14 @@ class HeadNorms:
         return [{"layer": int(layer), "head": int(h), "norm": rounded(self.mean[layer, h]),
                  "ratio_to_layer_median": rounded(ratio[layer, h])}
                 for layer, h in torch.nonzero(ratio < self.dormant_frac).tolist()]
+
+    def to_frame(self) -> Any:
+        """One row per (layer, head): mean output norm, its ratio to the layer median and
+        whether the head is dormant."""
+        df = grid_frame(("layer", "head"), {"norm": self.mean,
+                                            "ratio_to_layer_median": self.ratio_to_layer_median})
+        df["dormant"] = df["ratio_to_layer_median"] < self.dormant_frac
+        return df
 
     def to_dict(self) -> dict[str, Any]:
         return {"head_output_norm": rounded_list(self.mean),

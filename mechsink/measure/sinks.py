@@ -4,6 +4,11 @@
 ``k`` pay to ``k``. Gu's version includes the query ``i = k`` (which, for ``k = 0``, attends to
 itself with weight 1); ``include_self=False`` starts at ``i = k + 1``. The sink rate is the
 fraction of (layer, head) with ``alpha_k > eps``, thresholded per sequence, then averaged.
+
+**The default everywhere is Gu's version** (``include_self=True``): :func:`sink_score`,
+:attr:`SinkScores.mean`, the census, :func:`mechsink.readout.sink_readout` and the patching
+metric :class:`~mechsink.patching.SinkScore`; each takes ``include_self=False`` for the other.
+(Use it when an intervention edits query ``k``'s own attention, e.g. ``attend_only_to_self``.)
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
+from mechsink.names import deprecated, renamed_kwarg
 
 HOOKS = ("attn.hook_pattern",)
 DEFAULT_EPS = 0.3
@@ -25,23 +31,34 @@ DEFAULT_EPS = 0.3
 
 def sink_score(
     pattern: Float[Tensor, "batch head query key"],
-    key_pos: int = 0,
+    position: int | None = None,
     *,
     include_self: bool = True,
+    **old: Any,
 ) -> Float[Tensor, "batch head"]:
-    """Per sequence and head, the mean attention paid to ``key_pos`` by the queries after it."""
+    """Per sequence and head, the mean attention paid to key ``position`` (default 0) by the
+    queries at (``include_self``, Gu's version, the default) or after it. ``key_pos=`` is the
+    old name of ``position=``."""
+    key_pos = _position(position, old, "sink_score")
     n_query = pattern.shape[-2]
     if not 0 <= key_pos < pattern.shape[-1]:
         raise BadInputError(
-            f"key_pos={key_pos} is outside the sequence (length {pattern.shape[-1]})."
+            f"position={key_pos} is outside the sequence (length {pattern.shape[-1]})."
         )
     first = key_pos if include_self else key_pos + 1
     if first >= n_query:
         raise BadInputError(
-            f"no query comes after key_pos={key_pos} in a sequence of {n_query} tokens: "
+            f"no query comes after position={key_pos} in a sequence of {n_query} tokens: "
             "use a longer sequence or include_self=True."
         )
     return pattern[..., first:, key_pos].mean(dim=-1)
+
+
+def _position(position: int | None, old: dict[str, Any], where: str) -> int:
+    position = renamed_kwarg(old, "key_pos", "position", position, where)
+    if old:
+        raise TypeError(f"{where}() got unexpected arguments {sorted(old)}.")
+    return 0 if position is None else int(position)
 
 
 def check_eps(eps: float) -> None:
@@ -61,23 +78,45 @@ def sink_rate(
 
 @dataclass(frozen=True)
 class SinkScores:
-    """Per-sequence sink scores of one key position, both versions, for every layer and head."""
+    """Per-sequence sink scores of one key position, both versions, for every layer and head.
 
-    key_pos: int
+    :attr:`mean` and :attr:`rate` are Gu's version (the default everywhere);
+    :meth:`score` and :meth:`rate_of` take ``include_self`` to choose.
+    """
+
+    position: int
     eps: float
-    gu: Float[Tensor, "batch layer head"]  # queries i >= key_pos (Gu's version)
-    no_self: Float[Tensor, "batch layer head"]  # queries i > key_pos
+    gu: Float[Tensor, "batch layer head"]  # queries i >= position (Gu's version)
+    no_self: Float[Tensor, "batch layer head"]  # queries i > position
 
     @classmethod
     def merge(cls, parts: Sequence[SinkScores]) -> SinkScores:
         """Concatenate chunks of sequences measured with the same settings."""
         first = parts[0]
-        return cls(first.key_pos, first.eps, torch.cat([p.gu for p in parts]),
+        return cls(first.position, first.eps, torch.cat([p.gu for p in parts]),
                    torch.cat([p.no_self for p in parts]))
 
     @property
+    def key_pos(self) -> int:
+        """Deprecated name of :attr:`position`."""
+        deprecated("SinkScores.key_pos", "SinkScores.position")
+        return self.position
+
+    def per_sequence(self, include_self: bool = True) -> Float[Tensor, "batch layer head"]:
+        """Per-sequence scores: Gu's version (default) or the one from query ``k + 1``."""
+        return self.gu if include_self else self.no_self
+
+    def score(self, include_self: bool = True) -> Float[Tensor, "layer head"]:
+        """The sink score averaged over sequences (Gu's version unless ``include_self=False``)."""
+        return self.per_sequence(include_self).mean(0)
+
+    def rate_of(self, include_self: bool = True) -> float:
+        """The sink rate of one version (Gu's by default)."""
+        return sink_rate(self.per_sequence(include_self), self.eps)
+
+    @property
     def mean(self) -> Float[Tensor, "layer head"]:
-        """Gu's sink score averaged over sequences."""
+        """Gu's sink score averaged over sequences (``score(include_self=False)``: the other)."""
         return self.gu.mean(0)
 
     @property
@@ -95,9 +134,17 @@ class SinkScores:
         idx = torch.argsort(flat, descending=True, stable=True)[:k]
         return [(int(i) // n_heads, int(i) % n_heads, float(flat[i])) for i in idx]
 
+    def to_frame(self) -> Any:
+        """One row per (layer, head): both sink scores (mean over sequences) and the fraction
+        of sequences in which each version exceeds ``eps``."""
+        return grid_frame(("layer", "head"), {
+            "sink_score": self.gu.mean(0), "sink_score_no_self": self.no_self.mean(0),
+            "above_eps": (self.gu > self.eps).double().mean(0),
+            "above_eps_no_self": (self.no_self > self.eps).double().mean(0)})
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "key_position": self.key_pos,
+            "key_position": self.position,
             "eps": self.eps,
             "sink_score": rounded_list(self.mean),
             "sink_score_no_self": rounded_list(self.no_self.mean(0)),
@@ -108,9 +155,11 @@ class SinkScores:
 
 
 def sink_scores(
-    cache: CacheLike, key_pos: int = 0, eps: float = DEFAULT_EPS
+    cache: CacheLike, position: int | None = None, eps: float = DEFAULT_EPS, **old: Any,
 ) -> SinkScores:
-    """Both sink-score versions for every layer and head, from ``attn.hook_pattern``."""
+    """Both sink-score versions of key ``position`` (default 0) for every layer and head, from
+    ``attn.hook_pattern``. ``key_pos=`` is the old name of ``position=``."""
+    key_pos = _position(position, old, "sink_scores")
     check_eps(eps)
     pattern = stacked(cache, HOOKS[0])  # [layer, batch, head, query, key]
     n_layers, batch = pattern.shape[:2]

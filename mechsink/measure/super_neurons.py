@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, frame, grid_frame, rounded, rounded_list, stacked
 
 HOOKS = ("mlp.hook_post", "hook_mlp_out")
 SPIKE_THRESHOLD = 50.0
@@ -108,6 +108,11 @@ class MlpSpikes:
                                    float(self.out_value[bs, layer].double().mean()),
                                    float(w.mean()), len(bs)))
         return out
+
+    def to_frame(self) -> Any:
+        """One row per layer: mean max |down-projection input| and |MLP output|."""
+        return grid_frame(("layer",), {"max_abs_input": self.in_value.abs().double().mean(0),
+                                       "max_abs_output": self.out_value.abs().double().mean(0)})
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -291,6 +296,15 @@ class SuperNeuronSets:
                               self.w_out[layer, :, channel].to(self.post0.device), self.coverage,
                               layer, channel)
                 for layer, channel in self.channels()]
+
+    def to_frame(self) -> Any:
+        """One row per complete set: layer, channel, write, size, neurons, explained share."""
+        sets = self.sets()
+        return frame({"layer": [s.layer for s in sets], "channel": [s.channel for s in sets],
+                      "write": [s.write for s in sets], "size": [len(s.neurons) for s in sets],
+                      "neurons": [[n for n, _ in s.neurons] for s in sets],
+                      "explained": [s.explained for s in sets],
+                      "complete": [s.complete for s in sets]})
 
     def to_dict(self) -> dict[str, Any]:
         return {"super_neuron_sets": {

@@ -17,7 +17,7 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, grid_frame, rounded_list, stacked
 
 HOOKS = ("hook_attn_out", "attn.hook_pattern")
 
@@ -53,6 +53,12 @@ class VarianceStats:
     @property
     def predicted(self) -> Float[Tensor, "layer pos"]:
         return self.concentration / self.count
+
+    def to_frame(self) -> Any:
+        """One row per (layer, position): the variance over sequences and the uniform-attention
+        prediction (concentration)."""
+        return grid_frame(("layer", "position"), {"variance": self.variance,
+                                                  "predicted_concentration": self.predicted})
 
     def to_dict(self) -> dict[str, Any]:
         pred = self.predicted
