@@ -143,3 +143,15 @@ def test_saturated_sink_head_on_smollm2(smollm2):
     metric = SinkScore(18, 8)
     with pytest.warns(SaturatedMetricWarning), pytest.raises(BadInputError, match="float noise"):
         activation_patch(smollm2, clean, corrupted, "attn_out", metric, normalize=True)
+
+
+def test_frozen_scales_do_not_leak_transformer_lens_hook_scale_warning(llama_tiny):
+    """RMSNorm models take TransformerLens's native-autograd norm path, which warns whenever a
+    hook edits hook_scale; freezing scales is such an edit, on purpose."""
+    from mechsink.patching import LogitDiff, path_patch
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        path_patch(llama_tiny, CLEAN, CORRUPTED, ["L0H0", "MLP0"], ["resid1"],
+                   LogitDiff(100, 200), scales="frozen", prepend_bos=True)
+    assert not [w for w in seen if "hook_scale" in str(w.message)]

@@ -41,6 +41,7 @@ Receivers: ``L12H3.q`` / ``.k`` / ``.v`` (on GQA models the KV head of query hea
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -263,7 +264,10 @@ def path_patch(
         order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
         last_start = min((r.layer for r in recvs if r.kind != "metric"), default=None)
         values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
-        with engine.progress(len(groups), "path patching") as bar:
+        with engine.progress(len(groups), "path patching") as bar, warnings.catch_warnings():
+            # frozen scales are edits of hook_scale: TransformerLens warns that it then rebuilds
+            # the norm's output from the hooked values, which is what freezing means
+            warnings.filterwarnings("ignore", message="A forward hook edited hook_scale")
             for lo in range(0, len(order), per_batch):
                 ids = order[lo:lo + per_batch]
                 chunk = [groups[i] for i in ids]
