@@ -291,15 +291,49 @@ class GraphRun:
                 written.append(act.unsqueeze(2))
             return hook
 
+        def columns(idx: list[int]) -> Tensor:
+            """The run's writes of senders ``idx`` (ascending), ``[rows, pos, len(idx), d]``,
+            without concatenating every sender's write (most coefficients are often 0)."""
+            out, first = [], 0
+            for i, w in enumerate(written):
+                size = (w[1] if isinstance(w, tuple) else w).shape[2]
+                sel = [j - first for j in idx if first <= j < first + size]
+                if sel:
+                    if isinstance(w, tuple):
+                        layer, res = w
+                        written[i] = w = res / scales[layer].unsqueeze(-1) * self.norm_gain[layer]
+                    out.append(w[:, :, sel])
+                first += size
+            return torch.cat(out, 2)
+
+        def n_written() -> int:
+            return sum((w[1] if isinstance(w, tuple) else w).shape[2] for w in written)
+
         def inject(slot: _Slot) -> HookFn:
+            # senders whose coefficient into this slot is non-zero in some copy: only their
+            # differences are injected (EAP runs with all zero, EAP-IG on inputs with one)
+            live = (coeffs[:, :, slot.cols] != 0).any(0).any(-1)
+
             def hook(act: Tensor, hook: Any) -> Tensor:
-                run_w = materialise()
-                n_s = run_w.shape[2]
-                d = w_corr[:, :, :n_s] - run_w
-                c = coeffs[:, :n_s][:, :, slot.cols]  # [copies, u, v]
-                inj = torch.einsum("cbsud,cuv->cbsvd",
-                                   d.view(copies, b, *d.shape[1:]), c).flatten(0, 1)
-                new = act + (inj if slot.heads else inj[:, :, 0])
+                if keep_writes:
+                    run_w = materialise()
+                    n_s = run_w.shape[2]
+                    d = w_corr[:, :, :n_s] - run_w
+                    idx = list(range(n_s))
+                else:
+                    n_s = n_written()
+                    idx = live[:n_s].nonzero().flatten().tolist()
+                    d = w_corr[:, :, idx] - columns(idx) if idx else None
+                    if d is None and not with_grad:
+                        return act
+                # a tensor of its own: q, k and v may read one tensor, and each slot's
+                # gradient must be its own reader's only
+                new = act.view_as(act)
+                if d is not None:
+                    c = coeffs[:, idx][:, :, slot.cols]  # [copies, u, v]
+                    inj = torch.einsum("cbsud,cuv->cbsvd",
+                                       d.view(copies, b, *d.shape[1:]), c).flatten(0, 1)
+                    new = act + (inj if slot.heads else inj[:, :, 0])
                 if with_grad:
                     new.register_hook(lambda gr, name=slot.hook: grads.__setitem__(name, gr))
                     if keep_writes:
