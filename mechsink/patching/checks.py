@@ -36,6 +36,10 @@ def _looks_like_cache(x: Any) -> bool:
     return type(x).__name__ == "ActivationCache" or isinstance(x, Mapping)
 
 
+def _a(noun: str) -> str:
+    return ("an " if noun[:1].lower() in "aeiou" else "a ") + noun
+
+
 def check_inputs(fn: str, signature: str, **inputs: Any) -> None:
     """Each of ``inputs`` (clean, corrupted, reference) is text, a list of texts or a tensor of
     token ids; anything else is a :class:`BadInputError` naming ``fn``'s ``signature``."""
@@ -44,7 +48,7 @@ def check_inputs(fn: str, signature: str, **inputs: Any) -> None:
             continue
         what = None
         if _looks_like_cache(x):
-            what = (f"a {type(x).__name__} (activations), not an input. mechsink runs both "
+            what = (f"{_a(type(x).__name__)} (activations), not an input. mechsink runs both "
                     "inputs itself and caches only what it needs: pass the clean and the "
                     "corrupted prompts (text or token ids), clean first, not "
                     "TransformerLens's (model, corrupted_tokens, clean_cache, ...) order")
@@ -58,7 +62,7 @@ def check_inputs(fn: str, signature: str, **inputs: Any) -> None:
                 what = (f"a {type(x).__name__} holding {', '.join(kinds)}; a list of inputs "
                         "must hold strings (token ids go in one integer tensor)")
         else:
-            what = f"a {type(x).__name__}"
+            what = _a(type(x).__name__)
         if what is not None:
             raise BadInputError(f"{fn}: {name} is {what}. The signature is {signature}.")
 
