@@ -1,0 +1,291 @@
+"""One vocabulary: every name form resolves to TransformerLens's own hook, old spellings warn and
+give the same result, the sink-score default is the same everywhere, results frame."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformer_lens.utilities import get_act_name
+
+from mechsink.bridge import to_tokens
+from mechsink.errors import BadInputError
+from mechsink.interventions import ablate, applied, attend_only_to_self
+from mechsink.measure import sink_score, sink_scores
+from mechsink.names import MechsinkDeprecationWarning, parse_name
+from mechsink.patching import Site, activation_patch, parse_site, path_patch
+from mechsink.patching.metrics import SinkScore
+from mechsink.readout import dominant_super_neuron, massive_channel_sets, sink_readout
+
+CLEAN = "When Mary and John went"
+CORRUPTED = "When Tom and John went"
+
+
+def logit_metric(logits: torch.Tensor) -> torch.Tensor:
+    return logits[0, -1, 100] - logits[0, -1, 200]
+
+
+# form -> get_act_name's arguments for the same hook (the independent reference)
+FORMS = [
+    ("blocks.1.attn.hook_z", ("z", 1)),
+    (("z", 1), ("z", 1)),
+    (("k", 1, "attn"), ("k", 1)),
+    ("k1", ("k", 1)),
+    ("pre0", ("pre", 0)),
+    ("scale1ln2", ("scale", 1, "ln2")),
+    ("blocks.0.ln1.hook_scale", ("scale", 0, "ln1")),
+    ("L1H2", ("z", 1)),
+    ("L1H2.q", ("q", 1)),
+    ("L1H2.pattern", ("pattern", 1)),
+    ("L0N17@3", ("post", 0)),
+    ("MLP1@0", ("mlp_out", 1)),
+    ("ATTN0", ("attn_out", 0)),
+    ("resid1@0:5", ("resid_pre", 1)),
+    ("resid_post0", ("resid_post", 0)),
+    ("hook_embed", ("embed",)),
+    ("embed@0", ("embed",)),
+]
+LAYERLESS = [  # a kind without its layer, + layer=1
+    ("z", ("z", 1)), ("attn.hook_z", ("z", 1)), ("hook_mlp_out", ("mlp_out", 1)),
+    ("mlp_out", ("mlp_out", 1)), ("mlp.hook_post", ("post", 1)), ("mlp_post", ("post", 1)),
+    ("post", ("post", 1)), ("attn", ("pattern", 1)), ("hook_resid_pre", ("resid_pre", 1)),
+    ("value", ("v", 1)),
+]
+
+
+@pytest.mark.parametrize(("form", "tl_args"), FORMS)
+def test_every_form_names_transformer_lens_own_hook(gpt2_tiny, form, tl_args):
+    expected = get_act_name(*tl_args)
+    name = parse_name(form)
+    assert name.hook == expected
+    assert expected in gpt2_tiny.hook_dict
+    assert parse_name(str(name)) == name  # the canonical short form reads back as itself
+    name.check(gpt2_tiny, seq_len=6)
+
+
+@pytest.mark.parametrize(("form", "tl_args"), LAYERLESS)
+def test_layerless_forms_take_the_layer(gpt2_tiny, form, tl_args):
+    assert parse_name(form, layer=1).hook == get_act_name(*tl_args) in gpt2_tiny.hook_dict
+
+
+def test_units_positions_and_channels_come_from_the_short_form():
+    assert (parse_name("L12H3@-1").layer, parse_name("L12H3@-1").unit,
+            parse_name("L12H3@-1").position) == (12, 3, -1)
+    assert parse_name("L11N1229").unit == 1229
+    assert parse_name("resid17@0:300").unit == 300
+    for bad in ("layer3head2", "L3X2", "nonsense", "hook_nonsense", "z@", "L3H2:5"):
+        with pytest.raises(BadInputError):
+            parse_name(bad)
+    with pytest.raises(BadInputError, match="give the layer once"):
+        parse_name("blocks.2.attn.hook_z", layer=3)
+
+
+def test_check_refuses_what_the_model_lacks(gpt2_tiny):
+    for bad, what in (("L2H0", "layer 2"), ("L0H4", "head 4"), ("L0N9999", "neuron 9999"),
+                      ("resid0@9", "position 9"), ("blocks.0.attn.hook_rot_q", "no hook")):
+        with pytest.raises(BadInputError, match=what):
+            parse_name(bad).check(gpt2_tiny, seq_len=6)
+
+
+def _tokens(model):
+    return (to_tokens(model, CLEAN, prepend_bos=True),
+            to_tokens(model, CORRUPTED, prepend_bos=True))
+
+
+def test_every_site_form_patches_the_same_thing(llama_tiny):
+    clean, corrupted = _tokens(llama_tiny)
+    ref = activation_patch(llama_tiny, clean, corrupted,
+                           Site("z", layers=(1,), units=(1,), positions=(2,)), logit_metric)
+    for form in ("L1H1@2", "blocks.1.attn.hook_z", ("z", 1), "attn.hook_z", "z"):
+        restrict = {} if form == "L1H1@2" else {"units": (1,), "positions": (2,)}
+        if form in ("attn.hook_z", "z"):
+            restrict["layers"] = (1,)
+        got = activation_patch(llama_tiny, clean, corrupted, parse_site(form, **restrict),
+                               logit_metric)
+        torch.testing.assert_close(got.values, ref.values)
+    neuron = parse_site("L0N7")
+    assert (neuron.kind, neuron.layers, neuron.units) == ("neuron", (0,), (7,))
+    assert parse_site("MLP1_all_pos").kind == "mlp_out"
+    with pytest.raises(BadInputError, match="already names its layer"):
+        parse_site("blocks.1.attn.hook_z", layers=(0,))
+
+
+def test_ablate_any_form_equals_a_hand_written_hook(llama_tiny):
+    tokens, _ = _tokens(llama_tiny)
+    name = get_act_name("z", 1)
+
+    def zero_head(z, hook):
+        z = z.clone()
+        z[:, 2, 1] = 0.0
+        return z
+
+    expected = llama_tiny.run_with_hooks(tokens, fwd_hooks=[(name, zero_head)])
+    for edit in (ablate(llama_tiny, "L1H1@2"), ablate(llama_tiny, "attn.hook_z", 1, units=[1],
+                                                      positions=[2]),
+                 ablate(llama_tiny, ("z", 1), units=[1], positions=[2]),
+                 ablate(llama_tiny, "blocks.1.attn.hook_z", units=[1], positions=[2])):
+        with applied(llama_tiny, [edit]):
+            got = llama_tiny(tokens)
+        torch.testing.assert_close(got, expected)
+    with pytest.raises(BadInputError, match="give layer="):
+        ablate(llama_tiny, "z")
+    with pytest.raises(BadInputError, match="already names its unit"):
+        ablate(llama_tiny, "L1H1", units=[0])
+
+
+def test_path_patch_hook_names_equal_short_forms(gpt2_tiny):
+    clean, corrupted = _tokens(gpt2_tiny)
+    short = path_patch(gpt2_tiny, clean, corrupted, ["MLP0", "ATTN0@2", "L0N3"],
+                       [f"L1H{h}.k" for h in range(4)], logit_metric)
+    hooks = path_patch(gpt2_tiny, clean, corrupted,
+                       ["blocks.0.hook_mlp_out", [f"L0H{h}@2" for h in range(4)], "L0N3"],
+                       ["blocks.1.attn.hook_k"], logit_metric)
+    torch.testing.assert_close(short.values, hooks.values)
+    every = path_patch(gpt2_tiny, clean, corrupted, ["MLP0"], ["blocks.1.hook_resid_pre"],
+                       logit_metric)
+    resid = path_patch(gpt2_tiny, clean, corrupted, ["MLP0"], ["resid1"], logit_metric)
+    torch.testing.assert_close(every.values, resid.values)
+
+
+def test_denoising_path_patch_of_every_sender_gives_the_clean_run(gpt2_tiny):
+    clean, corrupted = _tokens(gpt2_tiny)
+    group = ["embed"] + [f"L{lyr}H{h}" for lyr in range(2) for h in range(4)] + ["MLP0", "MLP1"]
+    res = path_patch(gpt2_tiny, clean, corrupted, [group], ["metric"], logit_metric,
+                     direction="denoise")
+    assert abs(res.values[0].item() - res.clean_value) <= 1e-4
+    assert res.meta["direction"] == "denoise"
+    noise = path_patch(gpt2_tiny, clean, corrupted, [group], ["metric"], logit_metric)
+    assert abs(noise.values[0].item() - noise.corrupted_value) <= 1e-4
+    assert noise.meta["direction"] == "noise"
+    with pytest.raises(BadInputError, match="denoise"):
+        path_patch(gpt2_tiny, clean, None, ["MLP0"], ["metric"], logit_metric,
+                   ablation="zero", direction="denoise")
+
+
+def test_denoising_path_patch_of_a_residual_equals_activation_patching(llama_tiny):
+    clean, corrupted = _tokens(llama_tiny)
+    act = activation_patch(llama_tiny, clean, corrupted, "resid_pre", logit_metric,
+                           direction="denoise")
+    pos = 3
+    group = [f"embed@{pos}"] + [f"L0H{h}@{pos}" for h in range(llama_tiny.cfg.n_heads)] + [
+        f"MLP0@{pos}"]
+    res = path_patch(llama_tiny, clean, corrupted, [group], [f"resid1@{pos}"], logit_metric,
+                     direction="denoise")
+    assert abs(res.values[0].item() - act.values[1, pos].item()) <= 1e-4
+
+
+# --- old spellings: a warning, and the same result ---------------------------------------------
+
+
+def _same_with_warning(old, new):
+    with pytest.warns(MechsinkDeprecationWarning, match="mechsink deprecation"):
+        a = old()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MechsinkDeprecationWarning)
+        b = new()
+    return a, b
+
+
+def test_old_site_spellings_warn_and_agree():
+    for old, new in ((lambda: Site("z", heads=(1,)), lambda: Site("z", units=(1,))),
+                     (lambda: Site("neuron", neurons=(3,)), lambda: Site("neuron", units=(3,))),
+                     (lambda: parse_site("head"), lambda: parse_site("z")),
+                     (lambda: parse_site("attn_head"), lambda: parse_site("z")),
+                     (lambda: parse_site("neurons"), lambda: parse_site("neuron")),
+                     (lambda: parse_site("z:all_pos"), lambda: parse_site("z_all_pos")),
+                     (lambda: parse_site("z@all"), lambda: parse_site("z_all_pos")),
+                     (lambda: parse_site("z_all"), lambda: parse_site("z_all_pos")),
+                     (lambda: parse_site("resid_pre_pos"), lambda: parse_site("resid_pre")),
+                     (lambda: parse_site("z", heads=(2,)), lambda: parse_site("z", units=(2,)))):
+        a, b = _same_with_warning(old, new)
+        assert a == b
+
+
+def test_old_keywords_warn_and_agree(llama_tiny):
+    tokens, _ = _tokens(llama_tiny)
+    _, cache = llama_tiny.run_with_cache(tokens)
+    pattern = cache[get_act_name("pattern", 1)]
+    a, b = _same_with_warning(lambda: sink_score(pattern, key_pos=2),
+                              lambda: sink_score(pattern, position=2))
+    torch.testing.assert_close(a, b)
+    a, b = _same_with_warning(lambda: sink_scores(cache, key_pos=2),
+                              lambda: sink_scores(cache, position=2))
+    torch.testing.assert_close(a.gu, b.gu)
+    a, b = _same_with_warning(lambda: b.key_pos, lambda: b.position)
+    assert a == b == 2
+    a, b = _same_with_warning(lambda: sink_readout(llama_tiny, tokens, key_positions=[0, 2]),
+                              lambda: sink_readout(llama_tiny, tokens, positions=[0, 2]))
+    torch.testing.assert_close(a.scores[2], b.scores[2])
+    seen = []
+    for edit in _same_with_warning(
+            lambda: attend_only_to_self(llama_tiny, [1], key_pos=3, heads=[0]),
+            lambda: attend_only_to_self(llama_tiny, [1], position=3, units=[0])):
+        with applied(llama_tiny, edit):
+            seen.append(llama_tiny(tokens))
+    torch.testing.assert_close(seen[0], seen[1])
+    with pytest.raises(BadInputError, match="give position= only"):
+        attend_only_to_self(llama_tiny, [1], 3, key_pos=3)
+
+
+def test_dict_results_became_dataclasses_and_old_indexing_warns(llama_tiny):
+    tokens, _ = _tokens(llama_tiny)
+    sn = dominant_super_neuron(llama_tiny, tokens)
+    a, b = _same_with_warning(lambda: sn["channel"], lambda: sn.channel)
+    assert a == b
+    assert sn.name == f"L{sn.layer}N{sn.neuron}"
+    assert list(sn.to_frame()["channel_at_pos0"]) == sn.channel_at_pos0
+    found = massive_channel_sets(llama_tiny, tokens)
+    a, b = _same_with_warning(lambda: found["creating_layer"], lambda: found.creating_layer)
+    assert a == b and found.to_dict()["channel"] == found.channel
+
+
+def test_text_without_prepend_bos_warns_and_means_true(gpt2_tiny):
+    a, b = _same_with_warning(
+        lambda: activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre", logit_metric),
+        lambda: activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre", logit_metric,
+                                 prepend_bos=True))
+    torch.testing.assert_close(a.values, b.values)
+    a, b = _same_with_warning(
+        lambda: path_patch(gpt2_tiny, CLEAN, CORRUPTED, ["MLP0"], ["metric"], logit_metric),
+        lambda: path_patch(gpt2_tiny, CLEAN, CORRUPTED, ["MLP0"], ["metric"], logit_metric,
+                           prepend_bos=True))
+    torch.testing.assert_close(a.values, b.values)
+    clean, corrupted = _tokens(gpt2_tiny)
+    with warnings.catch_warnings():  # token tensors need no BOS answer
+        warnings.simplefilter("error", MechsinkDeprecationWarning)
+        activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
+
+
+# --- one sink-score variant --------------------------------------------------------------------
+
+
+def test_sink_score_default_is_gus_everywhere(llama_tiny):
+    """Census, readout, the patching metric and sink_score all default to Gu's score of key 0
+    (queries i >= 0), computed here by hand from hook_pattern; include_self=False everywhere
+    gives the queries i >= 1."""
+    from mechsink.census import census
+    from mechsink.prompts import make_prompts
+
+    tokens = make_prompts(llama_tiny, "natural", "bos", n=2, seq_len=8, seed=0).tokens
+    _, cache = llama_tiny.run_with_cache(tokens)
+    n_layers = llama_tiny.cfg.n_layers
+    pats = [cache[get_act_name("pattern", lay)].double() for lay in range(n_layers)]
+    hand = torch.stack([p[:, :, :, 0].sum(-1) / p.shape[-2] for p in pats], 1).mean(0)
+    hand_after = torch.stack([p[:, :, 1:, 0].sum(-1) / (p.shape[-2] - 1) for p in pats],
+                             1).mean(0)
+    c = census(llama_tiny, ["natural"], ["bos"], n=2, seq_len=8, seed=0)
+    torch.testing.assert_close(c.runs[0].sinks.mean.double(), hand.float().double())
+    readout = sink_readout(llama_tiny, tokens)
+    torch.testing.assert_close(readout.scores[0].double(), hand, atol=1e-6, rtol=1e-5)
+    after = sink_readout(llama_tiny, tokens, include_self=False)
+    torch.testing.assert_close(after.scores[0].double(), hand_after, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c.runs[0].sinks.score(include_self=False).double(), hand_after,
+                               atol=1e-6, rtol=1e-5)
+    metric_val = activation_patch(llama_tiny, tokens, tokens, Site("resid_pre", layers=(0,),
+                                                                   positions=(0,)),
+                                  SinkScore(1, 0)).clean_value
+    assert metric_val == pytest.approx(hand[1, 0].item(), abs=1e-5)
+    frame = c.runs[0].sinks.to_frame()
+    assert len(frame) == n_layers * llama_tiny.cfg.n_heads
+    assert frame["sink_score"].tolist() == pytest.approx(hand.flatten().tolist(), abs=1e-5)
