@@ -255,7 +255,9 @@ def patch(
     clean: str = typer.Option(..., help="clean prompt"),
     corrupted: str = typer.Option(..., help="corrupted prompt (same number of tokens)"),
     site: str = typer.Option("resid_pre", help="resid_pre|resid_mid|resid_post|attn_out|mlp_out"
-                             "|z|q|k|v|pattern|neuron, optionally _by_pos / _all_pos"),
+                             "|z|q|k|v|pattern|neuron, or any hook name (attn.hook_z, "
+                             "blocks.3.attn.hook_z, L3H5@0, MLP3), optionally _by_pos / "
+                             "_all_pos"),
     metric: str = typer.Option("logit_diff", help="logit_diff[:A:B], log_prob:T, kl, "
                                "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
     out: str = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
