@@ -3,7 +3,10 @@
 Everything else in mechsink talks to a model through the surface TransformerLens models share
 (``run_with_cache``, ``run_with_hooks``, ``hooks()``, ``cfg``, ``start_at_layer`` /
 ``stop_at_layer`` and the standard hook names). Anything that depends on TransformerLens's
-version or internals lives here.
+version or internals lives here, and so does everything that differs between the two kinds of
+TransformerLens model mechsink accepts: a ``TransformerBridge`` (TransformerLens 3.9 and 4.x,
+what :func:`mechsink.load_model` returns) and a ``HookedTransformer`` (TransformerLens 2.x and
+3.x). :func:`wrap` turns a transformers model into a bridge and passes either kind through.
 
 Weight processing: by default the bridge keeps the raw Hugging Face weights
 (``enable_compatibility_mode(no_processing=True)``), so residual norms and massive activations
@@ -41,6 +44,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "TransformerBridge",
     "act_name",
+    "wrap",
+    "is_hooked_transformer",
+    "is_bridge",
     "wrap_hf",
     "hf_model_of",
     "tokenizer_of",
@@ -61,11 +67,118 @@ __all__ = [
     "head_output_weights",
     "write_in_place",
     "query_bias",
+    "key_weights",
+    "key_bias",
     "norm_params",
     "PrefixKV",
     "supports_prefix_reuse",
     "run_with_kv",
 ]
+
+
+def _class_names(obj: Any) -> set[str]:
+    return {c.__name__ for c in type(obj).__mro__}
+
+
+def is_hooked_transformer(model: Any) -> bool:
+    """True for a TransformerLens ``HookedTransformer`` (2.x/3.x), checked without importing
+    TransformerLens."""
+    return "HookedTransformer" in _class_names(model)
+
+
+def is_bridge(model: Any) -> bool:
+    """True for a TransformerLens ``TransformerBridge``."""
+    return "TransformerBridge" in _class_names(model)
+
+
+ACCEPTED = ("a TransformerLens TransformerBridge, a TransformerLens HookedTransformer, or a "
+            "transformers causal language model (a PreTrainedModel with a language-model head)")
+
+
+def _is_hf_causal_lm(model: Any) -> bool:
+    names = _class_names(model)
+    return "PreTrainedModel" in names and any(
+        n.endswith(("ForCausalLM", "LMHeadModel")) for n in names)
+
+
+def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
+         fold_weights: bool = False) -> Any:
+    """Any model a researcher holds, ready for every mechsink function.
+
+    - a transformers causal LM in memory: wrapped in a TransformerBridge (raw weights, eager
+      attention; see :func:`wrap_hf`), with ``tokenizer`` (without one, pass token ids, not
+      text). No network is used: the tokenizer is never looked up by name.
+    - a TransformerLens ``HookedTransformer`` or ``TransformerBridge``: returned as it is (a
+      ``tokenizer`` is attached only when the model has none).
+
+    Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
+    results (default: the transformers config's ``name_or_path``, else the class name).
+    """
+    if is_bridge(model) or is_hooked_transformer(model):
+        if tokenizer is not None and getattr(model, "tokenizer", None) is None:
+            if is_hooked_transformer(model):
+                model.set_tokenizer(tokenizer)
+            else:
+                model.tokenizer = tokenizer
+        return model
+    if _is_hf_causal_lm(model):
+        label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
+            type(model).__name__
+        return wrap_hf(model, tokenizer, name=str(label), fold_weights=fold_weights)
+    if isinstance(model, str):
+        raise TypeError(f"mechsink.wrap takes a model object, not the string {model!r}: "
+                        "load a named model with mechsink.load_model(name).")
+    raise TypeError(f"mechsink.wrap cannot use a {type(model).__module__}."
+                    f"{type(model).__name__}: it accepts {ACCEPTED}.")
+
+
+@contextmanager
+def _offline() -> Iterator[None]:
+    """No model-hub access inside (the hub libraries' offline switch, restored on exit):
+    wrapping a model that is already in memory must never reach for the network."""
+    import os
+
+    modules = []
+    try:
+        import huggingface_hub.constants as hub_constants
+
+        modules.append(hub_constants)
+    except ImportError:  # pragma: no cover - transformers always brings it
+        pass
+    saved_env = os.environ.get("HF_HUB_OFFLINE")
+    saved = [(m, getattr(m, "HF_HUB_OFFLINE", None)) for m in modules]
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    for m in modules:
+        m.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        for m, value in saved:
+            m.HF_HUB_OFFLINE = value
+        if saved_env is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = saved_env
+
+
+@contextmanager
+def _no_tokenizer_lookup() -> Iterator[None]:
+    """Stop TransformerBridge.boot_transformers from loading a tokenizer by the model's name
+    (a hub lookup) when none was given: the bridge is built without one."""
+    try:
+        from transformer_lens.model_bridge.sources.transformers import source
+    except ImportError:  # other TransformerLens layouts: _offline() still keeps it local
+        yield
+        return
+    original = getattr(source, "skip_tokenizer_for_modality", None)
+    if original is None:
+        yield
+        return
+    source.skip_tokenizer_for_modality = lambda cfg: True
+    try:
+        yield
+    finally:
+        source.skip_tokenizer_for_modality = original
 
 
 def wrap_hf(
@@ -75,6 +188,8 @@ def wrap_hf(
 
     The model is switched to eager attention (so ``hook_pattern`` fires) and to eval mode.
     ``fold_weights=False`` keeps the raw weights (the default for sink work; see module doc).
+    ``tokenizer=None`` gives a bridge without a tokenizer (token ids only); nothing is looked
+    up by ``name``, and no network is used.
     """
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -83,7 +198,8 @@ def wrap_hf(
     if config is not None and not getattr(config, "architectures", None):
         # GGUF and from_config models carry no `architectures`; the bridge picks its adapter by it.
         config.architectures = [type(hf_model).__name__]
-    with warnings.catch_warnings():
+    no_lookup = _no_tokenizer_lookup() if tokenizer is None else nullcontext()
+    with warnings.catch_warnings(), _offline(), no_lookup:
         warnings.simplefilter("ignore")
         previous = logging.getLogger().level
         logging.getLogger().setLevel(logging.ERROR)
@@ -414,6 +530,22 @@ def _only_blocks_from(model: Any, start: int) -> Iterator[None]:
             config.layer_types = kinds
 
 
+def _tl_major() -> int:
+    """TransformerLens's major version (2, 3, 4, ...)."""
+    from importlib.metadata import version
+
+    try:
+        return int(version("transformer-lens").split(".")[0])
+    except Exception:  # pragma: no cover - an unusual install: assume the newest behaviour
+        return 99
+
+
+def _starts_at_layer(model: Any) -> bool:
+    """Whether ``model(resid, start_at_layer=L)`` works: always on a HookedTransformer; on a
+    TransformerBridge from TransformerLens 4 on (3.x bridges raise NotImplementedError)."""
+    return not is_bridge(model) or _tl_major() >= 4
+
+
 def run_from_layer(
     model: Any,
     resid: Float[Tensor, "batch pos d_model"],
@@ -447,18 +579,34 @@ def run_from_layer(
         return stopper
 
     hooks += [(name, make_stopper(name)) for name in sorted(pending)]
+    if is_hooked_transformer(model):  # its first block's hooks see ``resid`` itself, and
+        resid = resid.clone()         # patches write in place: keep the caller's tensor intact
     kwargs: dict[str, Any] = {}
     reads_cache: Any = nullcontext()
     if prefix is not None and prefix[1] > 0:
         kv, first = prefix[0], prefix[1]
         # a third entry gives the copies entering each layer (a batch that grows on the way)
         copies = prefix[2] if len(prefix) > 2 else resid.shape[0] // kv.keys[0].shape[0]
-        kwargs = {"cache": kv.cache_for(first, copies), "use_cache": True}
-        reads_cache = _attention_reads_cache(model)
+        if is_hooked_transformer(model):
+            kwargs = {"past_kv_cache": kv.cache_for(first, copies)}
+        else:
+            kwargs = {"cache": kv.cache_for(first, copies), "use_cache": True}
+            reads_cache = _attention_reads_cache(model)
     try:
-        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache, \
-                _masks_follow_batch(model):
-            logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
+        if _starts_at_layer(model):
+            with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache, \
+                    _masks_follow_batch(model):
+                logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
+        else:  # a TransformerLens 3 bridge: full forward, block ``start``'s input replaced
+            if prefix is not None and prefix[1] > 0:
+                raise BadInputError("this model does not support prefix reuse.")
+            dummy = torch.zeros(resid.shape[:2], dtype=torch.long, device=resid.device)
+
+            def replace(act: Tensor, hook: Any) -> Tensor:
+                return write_in_place(act, resid.to(act.dtype))
+
+            with model.hooks(fwd_hooks=[(act_name("resid_pre", start), replace), *hooks]):
+                logits = model(dummy, return_type="logits")
     except _StopForward:
         return None
     if stop_after:
@@ -501,6 +649,30 @@ def head_output_weights(model: Any) -> Tensor:
     return weight.detach()
 
 
+def _grouped(model: Any) -> bool:
+    """A HookedTransformer with grouped-query attention: its ``W_K``/``b_K`` (and ``W_V``/``b_V``)
+    properties repeat each KV head once per query head; the per-KV-head weights are ``_W_K``."""
+    n_kv = getattr(model.cfg, "n_key_value_heads", None)
+    return is_hooked_transformer(model) and bool(n_kv) and int(n_kv) != int(model.cfg.n_heads)
+
+
+def key_weights(model: Any) -> Tensor:
+    """The key projections per KV head, ``[layer, kv_head, d_model, d_head]`` (raw, detached):
+    ``hook_k[..., g, :] = x @ W_K[l, g] + b_K[l, g]`` on either kind of model."""
+    if _grouped(model):
+        return torch.stack([b.attn._W_K for b in model.blocks]).detach()
+    return model.W_K.detach()
+
+
+def key_bias(model: Any) -> Tensor | None:
+    """The key biases per KV head, ``[layer, kv_head, d_head]`` (detached), or None when the
+    model has none."""
+    if _grouped(model):
+        return torch.stack([b.attn._b_K for b in model.blocks]).detach()
+    b_k = getattr(model, "b_K", None)
+    return None if b_k is None else b_k.detach()
+
+
 def query_bias(model: Any, layer: int) -> Tensor | None:
     """The learned query bias ``b_Q`` of a block, ``[head, d_head]`` (detached), or None when
     the model's query projection has no bias (Llama, Gemma, SmolLM2)."""
@@ -539,8 +711,10 @@ def norm_params(model: Any, layer: int, which: str = "ln1") -> tuple[Tensor, Ten
 
 
 class PrefixKV:
-    """Keys and values every attention layer used on one run (``[batch, kv_head, pos, d_head]``
-    per layer, post-rotary where the model rotates keys), recorded by :func:`run_with_kv`.
+    """Keys and values every attention layer used on one run, recorded by :func:`run_with_kv`,
+    in the model's own cache layout: on a TransformerBridge ``[batch, kv_head, pos, d_head]``
+    per layer, post-rotary where the model rotates keys (a transformers cache); on a
+    HookedTransformer ``[batch, pos, kv_head, d_head]``, before rotary (its ``past_kv_cache``).
 
     A later run of positions ``p..`` from some layer on reads positions ``< p`` from here
     (:func:`run_from_layer`'s ``prefix=``): in a causal model, a patch at positions ``>= p``
@@ -548,17 +722,22 @@ class PrefixKV:
     """
 
     def __init__(self, model: Any, keys: list[Tensor], values: list[Tensor]) -> None:
-        self.config = hf_model_of(model).config
+        self.hooked = is_hooked_transformer(model)
+        self.config = None if self.hooked else hf_model_of(model).config
         self.keys, self.values = keys, values
 
     def cache_for(self, first: int, copies: int | Sequence[int]) -> Any:
-        """A fresh transformers cache holding positions ``< first``, repeated ``copies`` times
-        along the batch (copy-major, like the stacked patch batches); a sequence gives each
-        layer its own number of copies (0: the layer is not run; it still holds one copy,
-        because transformers reads the cached length off layer 0)."""
+        """A fresh cache holding positions ``< first``, repeated ``copies`` times along the
+        batch (copy-major, like the stacked patch batches); a sequence gives each layer its
+        own number of copies (0: the layer is not run; it still holds one copy, because
+        transformers reads the cached length off layer 0)."""
+        per_layer = [copies] * len(self.keys) if isinstance(copies, int) else list(copies)
+        if self.hooked:
+            return [_FrozenKVEntry(k[:, :first].repeat(c, 1, 1, 1),
+                                   v[:, :first].repeat(c, 1, 1, 1))
+                    for k, v, c in zip(self.keys, self.values, per_layer, strict=True)]
         from transformers import DynamicCache
 
-        per_layer = [copies] * len(self.keys) if isinstance(copies, int) else list(copies)
         cache = DynamicCache(config=self.config)
         for layer, (k, v, c) in enumerate(zip(self.keys, self.values, per_layer, strict=True)):
             cache.update(k[:, :, :first].repeat(max(c, 1), 1, 1, 1),
@@ -566,11 +745,42 @@ class PrefixKV:
         return cache
 
 
+class _FrozenKVEntry:
+    """One layer of a HookedTransformer ``past_kv_cache`` that is read, never extended (the
+    interface of TransformerLens's frozen cache entry: ``past_keys`` and ``append``)."""
+
+    def __init__(self, keys: Tensor, values: Tensor) -> None:
+        self.past_keys, self.past_values, self.frozen = keys, values, True
+
+    def append(self, new_keys: Tensor, new_values: Tensor) -> tuple[Tensor, Tensor]:
+        return (torch.cat([self.past_keys, new_keys], dim=1),
+                torch.cat([self.past_values, new_values], dim=1))
+
+
+def _hooked_kv_names(model: Any) -> list[tuple[str, str]] | None:
+    """Per layer, the hooks holding what a HookedTransformer's attention caches (keys before
+    rotary, values, both per KV head); None when that is not what its cache would hold."""
+    cfg = model.cfg
+    if getattr(cfg, "positional_embedding_type", "standard") not in ("standard", "rotary"):
+        return None  # shortformer / alibi add position terms outside the cached keys
+    if getattr(cfg, "use_split_qkv_input", False) or getattr(cfg, "window_size", None):
+        return None
+    names = [(act_name("k", layer), act_name("v", layer)) for layer in range(int(cfg.n_layers))]
+    hooks = model.hook_dict
+    return names if all(k in hooks and v in hooks for k, v in names) else None
+
+
 def supports_prefix_reuse(model: Any) -> bool:
-    """True for TransformerBridge models whose attention blocks can extend K/V from a cache."""
+    """True for models whose attention can extend keys/values from a cache: TransformerLens 4
+    bridges whose attention blocks take a transformers cache, and HookedTransformers (their
+    ``past_kv_cache``) with standard or rotary positions."""
+    if is_hooked_transformer(model):
+        return _hooked_kv_names(model) is not None
     try:
         hf_model_of(model)
     except BadInputError:
+        return False
+    if not _starts_at_layer(model):
         return False
     blocks = getattr(model, "blocks", None)
     return bool(blocks) and all(hasattr(getattr(b, "attn", None), "_update_kv_cache")
@@ -611,6 +821,14 @@ def run_with_kv(
     if not supports_prefix_reuse(model):
         logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
         return logits, dict(cache.cache_dict), None
+    if is_hooked_transformer(model):
+        kv_names = _hooked_kv_names(model)
+        assert kv_names is not None
+        every = wanted | {n for pair in kv_names for n in pair}
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in every)
+        acts = dict(cache.cache_dict)
+        kv = PrefixKV(model, [acts[k] for k, _ in kv_names], [acts[v] for _, v in kv_names])
+        return logits, {n: a for n, a in acts.items() if n in wanted}, kv
     from transformers import DynamicCache
 
     record = DynamicCache(config=hf_model_of(model).config)

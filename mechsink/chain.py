@@ -35,7 +35,14 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.bridge import act_name, has_hook, n_kv_heads, write_in_place
+from mechsink.bridge import (
+    act_name,
+    has_hook,
+    key_bias,
+    key_weights,
+    n_kv_heads,
+    write_in_place,
+)
 from mechsink.errors import BadInputError
 from mechsink.interventions import Intervention, ablate, applied
 from mechsink.measure._cache import rounded
@@ -706,8 +713,8 @@ def key_logit_split(
                                   "attn.hook_k_normed") if has_hook(model, name(s))]
     _, cache = model.run_with_cache(tokens, names_filter=wanted + optional, return_type=None)
     x = cache[x_name].double()  # [batch, pos, d_model]
-    w_k = model.W_K[layer, group].detach().double().to(x.device)  # [d_model, d_head]
-    b_k = getattr(model, "b_K", None)
+    w_k = key_weights(model)[layer, group].double().to(x.device)  # [d_model, d_head]
+    b_k = key_bias(model)
     b = (b_k[layer, group].detach().double().to(x.device) if b_k is not None
          else torch.zeros(w_k.shape[1], dtype=torch.float64, device=x.device))
     k_model = cache[name("attn.hook_k")][:, :, group].double()

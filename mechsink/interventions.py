@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from mechsink.ablation import KINDS, as_ablation
-from mechsink.bridge import act_name, has_hook, n_kv_heads, query_bias
+from mechsink.bridge import act_name, has_hook, key_bias, n_kv_heads, query_bias
 from mechsink.errors import BadInputError
 from mechsink.names import Name, parse_name, renamed_kwarg
 
@@ -257,7 +257,7 @@ def remove_query_bias(model: Any, layer: int) -> Intervention:
 def remove_key_bias(model: Any, layer: int) -> Intervention:
     """Subtract ``b_K`` from every key of ``layer`` (before any rotation; per KV head)."""
     _check_layer(model, layer)
-    b_k = getattr(model, "b_K", None)
+    b_k = key_bias(model)
     if b_k is None or not bool(b_k[layer].detach().abs().max() > 0):
         raise BadInputError("this model's attention has no key bias at layer "
                             f"{layer}, so there is nothing to remove.")
@@ -275,10 +275,11 @@ def rotate_keys(model: Any, layer: int, seed: int = 0) -> Intervention:
     Keeps each key's norm but destroys the alignment between ``W_K`` and ``W_Q``.
     """
     _check_layer(model, layer)
-    b_k = model.b_K[layer].detach() if getattr(model, "b_K", None) is not None else None
+    b_all = key_bias(model)
+    b_k = None if b_all is None else b_all[layer]
     d_head = model.cfg.d_head
     gen = torch.Generator().manual_seed(seed)
-    n_kv = model.W_K.shape[1]
+    n_kv = n_kv_heads(model)
     rot = torch.linalg.qr(torch.randn(n_kv, d_head, d_head, generator=gen))[0]
 
     def fn(k: Tensor, hook: Any) -> Tensor:
