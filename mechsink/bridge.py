@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MissingDependencyError
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -191,6 +191,8 @@ def wrap_hf(
     ``tokenizer=None`` gives a bridge without a tokenizer (token ids only); nothing is looked
     up by ``name``, and no network is used.
     """
+    if _tl_major() < 4:
+        raise _old_bridge_error()
     from transformer_lens.model_bridge import TransformerBridge
 
     hf_model.eval()
@@ -546,6 +548,18 @@ def _starts_at_layer(model: Any) -> bool:
     return not is_bridge(model) or _tl_major() >= 4
 
 
+def _old_bridge_error() -> MissingDependencyError:
+    from importlib.metadata import version
+
+    return MissingDependencyError(
+        f"mechsink's TransformerBridge support needs TransformerLens 4 (this is "
+        f"{version('transformer-lens')}, whose bridge cannot run from a layer): install "
+        "'transformer-lens>=4.3,<5', or keep this TransformerLens and pass a HookedTransformer "
+        "(built with fold_ln=False, center_writing_weights=False, center_unembed=False for the "
+        "raw weights' residual stream)."
+    )
+
+
 def run_from_layer(
     model: Any,
     resid: Float[Tensor, "batch pos d_model"],
@@ -592,21 +606,12 @@ def run_from_layer(
         else:
             kwargs = {"cache": kv.cache_for(first, copies), "use_cache": True}
             reads_cache = _attention_reads_cache(model)
+    if not _starts_at_layer(model):
+        raise _old_bridge_error()
     try:
-        if _starts_at_layer(model):
-            with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache, \
-                    _masks_follow_batch(model):
-                logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
-        else:  # a TransformerLens 3 bridge: full forward, block ``start``'s input replaced
-            if prefix is not None and prefix[1] > 0:
-                raise BadInputError("this model does not support prefix reuse.")
-            dummy = torch.zeros(resid.shape[:2], dtype=torch.long, device=resid.device)
-
-            def replace(act: Tensor, hook: Any) -> Tensor:
-                return write_in_place(act, resid.to(act.dtype))
-
-            with model.hooks(fwd_hooks=[(act_name("resid_pre", start), replace), *hooks]):
-                logits = model(dummy, return_type="logits")
+        with model.hooks(fwd_hooks=hooks), _only_blocks_from(model, start), reads_cache, \
+                _masks_follow_batch(model):
+            logits = model(resid, start_at_layer=start, return_type="logits", **kwargs)
     except _StopForward:
         return None
     if stop_after:
