@@ -4,7 +4,13 @@ Each load runs in a fresh Python process so peak RSS is the load's own. "Cold" p
 MECHSINK_CACHE at an empty temporary cache that shares only the downloaded GGUF (so the network
 is not timed): the GGUF is decoded and converted. "Warm" loads the converted safetensors.
 
-    python benchmarks/load.py [--model smollm2-135m] [--repeats 3]
+Where the time goes (warm): the library imports (torch, transformers, TransformerLens's bridge,
+mechsink) are timed one by one, and the load is split into the transformers model
+(``from_pretrained``), the tokenizer (every load of it, TransformerLens's own included) and the
+TransformerLens bridge (``wrap_hf``: building the bridge, compatibility mode, hook registry);
+each phase is exclusive of the others, and whatever is left is "other".
+
+    python benchmarks/load.py [--model smollm2-135m] [--repeats 3] [--warm-only]
 """
 
 from __future__ import annotations
@@ -19,14 +25,46 @@ import tempfile
 from pathlib import Path
 
 CHILD = r"""
-import json, resource, sys, time
-t0 = time.perf_counter()
-import mechsink, transformers, transformer_lens.model_bridge  # library imports, timed apart
+import functools, json, resource, sys, time
+phases = {}
+t = time.perf_counter()
+for name in ("torch", "transformers", "transformer_lens.model_bridge", "mechsink"):
+    __import__(name)
+    now = time.perf_counter()
+    phases["import " + name] = now - t
+    t = now
+import mechsink.bridge, mechsink.zoo, transformers
+
+stack = [0.0]  # time spent in timed calls nested in the current one (phases are exclusive)
+
+def timed(label, fn):
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        t0 = time.perf_counter()
+        stack.append(0.0)
+        try:
+            return fn(*a, **k)
+        finally:
+            spent = time.perf_counter() - t0
+            nested = stack.pop()
+            phases[label] = phases.get(label, 0.0) + spent - nested
+            stack[-1] += spent
+    return inner
+
+for cls, label in ((transformers.AutoModelForCausalLM, "from_pretrained (model)"),
+                   (transformers.AutoTokenizer, "tokenizer")):
+    cls.from_pretrained = timed(label, cls.from_pretrained.__func__).__get__(cls)
+wrapped = timed("bridge (wrap_hf, less the tokenizer)", mechsink.bridge.wrap_hf)
+for mod in (mechsink.bridge, mechsink.zoo):
+    if hasattr(mod, "wrap_hf"):
+        setattr(mod, "wrap_hf", wrapped)
 t1 = time.perf_counter()
 mechsink.load_model(sys.argv[1], device="cpu")
 t2 = time.perf_counter()
+import_s = sum(v for k, v in phases.items() if k.startswith("import "))
 peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({"import_s": t1 - t0, "load_s": t2 - t1, "peak_mb": peak_mb}))
+print(json.dumps({"import_s": import_s, "load_s": t2 - t1, "peak_mb": peak_mb,
+                  "phases": phases}))
 """
 
 
@@ -41,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warm-only", action="store_true", help="skip the cold loads")
     args = parser.parse_args()
 
     from mechsink import assets
@@ -50,9 +89,10 @@ def main() -> None:
 
     cold, warm = [], []
     for _ in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="mechsink-bench-") as tmp:
-            (Path(tmp) / "assets").symlink_to(real_cache / "assets")
-            cold.append(run_child(args.model, Path(tmp)))
+        if not args.warm_only:
+            with tempfile.TemporaryDirectory(prefix="mechsink-bench-") as tmp:
+                (Path(tmp) / "assets").symlink_to(real_cache / "assets")
+                cold.append(run_child(args.model, Path(tmp)))
         warm.append(run_child(args.model, real_cache))
 
     def row(name: str, runs: list[dict]) -> str:
@@ -60,16 +100,29 @@ def main() -> None:
         peak = statistics.median(r["peak_mb"] for r in runs)
         return f"| {name} | {load:.2f} | {min(r['load_s'] for r in runs):.2f} | {peak:.0f} |"
 
-    cold_s = statistics.median(r["load_s"] for r in cold)
-    warm_s = statistics.median(r["load_s"] for r in warm)
     print(f"model {args.model}, {args.repeats} runs each, fresh process per run")
     print("| load | median s | min s | peak RSS MB |")
     print("|------|----------|-------|-------------|")
-    print(row("cold (decode GGUF)", cold))
+    if cold:
+        print(row("cold (decode GGUF)", cold))
     print(row("warm (cached safetensors)", warm))
-    print(f"warm load is {cold_s / warm_s:.1f}x faster than decoding the GGUF "
-          f"(library imports, paid by both and not counted: "
-          f"{statistics.median(r['import_s'] for r in warm):.2f} s)")
+    warm_s = statistics.median(r["load_s"] for r in warm)
+    if cold:
+        cold_s = statistics.median(r["load_s"] for r in cold)
+        print(f"warm load is {cold_s / warm_s:.1f}x faster than decoding the GGUF")
+    print()
+    print("Warm, where the time goes (median s; imports are paid once per process):")
+    print("| phase | median s |")
+    print("|-------|----------|")
+    names = list(warm[0]["phases"])
+    for name in names:
+        print(f"| {name} | {statistics.median(r['phases'].get(name, 0.0) for r in warm):.2f} |")
+    other = statistics.median(
+        r["load_s"] - sum(v for k, v in r["phases"].items() if not k.startswith("import "))
+        for r in warm)
+    print(f"| other (load_model's own work) | {other:.2f} |")
+    print(f"| **imports total** | {statistics.median(r['import_s'] for r in warm):.2f} |")
+    print(f"| **load_model total** | {warm_s:.2f} |")
 
 
 if __name__ == "__main__":
