@@ -134,9 +134,16 @@ def test_attention_view_of_a_census(tiny_census):
         mechsink.viz.attention(tiny_census, run="natural/bos")
 
 
-def test_experiment_result_repr_is_short():
+def test_experiment_result_repr_is_short_and_its_card_is_the_summary():
     res = ExperimentResult("p0_sink", {"schema": "x/1", "model": "m", "big": list(range(5000))})
     assert len(repr(res)) < 120
+
+    class Tabled(ExperimentResult):
+        def summary(self) -> str:
+            return "# Title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+
+    card = Tabled("p0_sink", {})._repr_html_()
+    assert card is not None and "<h1>Title</h1>" in card and "<td>2</td>" in card
 
 
 def test_progress_switch(capsys, monkeypatch):

@@ -78,3 +78,12 @@ class ExperimentResult:
 
     def _repr_markdown_(self) -> str:  # Jupyter shows the summary
         return self.summary()
+
+    def _repr_html_(self) -> str | None:
+        """The summary as HTML (with the ``markdown`` package; None lets Jupyter fall back
+        to :meth:`_repr_markdown_`)."""
+        try:
+            import markdown
+        except ImportError:
+            return None
+        return f"<div>{markdown.markdown(self.summary(), extensions=['tables'])}</div>"
