@@ -19,6 +19,9 @@ CASES = {
     "patching_walkthrough": ({"MODEL": "random:gpt2-tiny"},
                              ["patch-out/resid_pre.json", "patch-out/mlp_out_pos0.json",
                               "patch-out/path_frozen.json"], 2),
+    "researcher_tour": ({"MODEL": "random:llama-tiny", "N": 2, "SEQ_LEN": 16},
+                        ["tour-out/resid_pre.json", "tour-out/census_heads.html",
+                         "tour-out/path_resid1.json"], 3),
 }
 
 
@@ -44,5 +47,19 @@ def test_notebook_runs_on_a_tiny_model(name: str, tmp_path: Path) -> None:
     if name == "sink_census_walkthrough":
         assert "sink rate (Gu)" in printed and "natural/bos" in printed
         assert "external scripts: none" in printed
+    elif name == "researcher_tour":
+        from mechsink.viz.attention import external_scripts
+
+        assert "Census('random:llama-tiny'" in printed and "PatchResult(" in printed
+        assert "corrupted is an ActivationCache" in printed  # the TransformerLens-style call
+        html = [_join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
+        views = [h for h in html if "CircuitsVis.render" in h]
+        assert len(views) == 2 and all(external_scripts(h) == [] for h in views)
+        assert any("<table" in h and "natural/nobos" in h for h in html)  # census.to_frame()
+        assert any("largest effects" in h for h in html)  # PatchResult's card
     else:
         assert "logit diff: clean" in printed and "scales=frozen:" in printed
+
+
+def _join(text: str | list[str]) -> str:
+    return "".join(text) if isinstance(text, list) else text

@@ -14,7 +14,7 @@ CONFIG = ROOT / "mkdocs.yml"
 CACHE_VERSION = 1  # bump to invalidate every cached result
 GALLERY_SCHEMA = "mechsink-gallery/1"
 GALLERY_SEQ_LEN = 32
-NOTEBOOKS = ("sink_census_walkthrough", "patching_walkthrough")
+NOTEBOOKS = ("sink_census_walkthrough", "patching_walkthrough", "researcher_tour")
 SNIPPETS = ("quickstart", "activation_patching", "path_patching", "interventions")
 CIRCUITS = ("structural_origin", "p0_sink")  # experiments of mechsink.experiments
 
@@ -39,7 +39,8 @@ FULL = Plan(
      "organism:bb-gpt2-tiny": {**SCAN_DEFAULTS},
      "random:llama-small": {**SCAN_DEFAULTS, "n": 8}},
     {"structural_origin": {}, "p0_sink": {}},
-    {"sink_census_walkthrough": {"N": 8, "SEQ_LEN": 64}},
+    {"sink_census_walkthrough": {"N": 8, "SEQ_LEN": 64},
+     "researcher_tour": {"N": 8, "SEQ_LEN": 32}},
 )
 QUICK = Plan(
     "quick", "random:llama-tiny",
@@ -48,5 +49,6 @@ QUICK = Plan(
     {"structural_origin": {"n": 4, "seq_len": 32, "positions": [8, 16],
                            "doses": [0.0, 0.5, 1.0, 2.0]},
      "p0_sink": {"n": 4, "seq_len": 32}},
-    {"sink_census_walkthrough": {"N": 4, "SEQ_LEN": 32}},
+    {"sink_census_walkthrough": {"N": 4, "SEQ_LEN": 32},
+     "researcher_tour": {"N": 4, "SEQ_LEN": 16}},
 )
