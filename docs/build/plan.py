@@ -36,6 +36,7 @@ FULL = Plan(
     "full", "smollm2-135m",
     {"smollm2-135m": {**SCAN_DEFAULTS},
      "gemma3-270m": {**SCAN_DEFAULTS, "n": 8},
+     "qwen2.5-0.5b": {**SCAN_DEFAULTS, "n": 8},
      "organism:bb-gpt2-tiny": {**SCAN_DEFAULTS},
      "random:llama-small": {**SCAN_DEFAULTS, "n": 8}},
     {"structural_origin": {}, "p0_sink": {}},
