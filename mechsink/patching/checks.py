@@ -131,7 +131,7 @@ def check_saturation(metric: Any, clean: float, corrupted: float | None) -> None
                 f"{SATURATION_MARGIN:g} of its bound {bound:g}: it is saturated, so every patch "
                 "will leave it (nearly) unchanged and the sweep will look flat. Pick a head or "
                 "layer that the corruption moves, or a logit metric.",
-                SaturatedMetricWarning, stacklevel=3,
+                SaturatedMetricWarning, stacklevel=4,
             )
             return
 

@@ -56,7 +56,8 @@ def heatmap(result: Any, ax: Any = None, *, raw: bool = False, title: str | None
         metric = _short(result.metric, 32)
         if raw:
             im = ax.imshow(vals.numpy(), cmap=SCORE_CMAP, aspect="auto")
-            bar_label = metric
+            bar_label = metric + (" (0 = run input, 1 = source)"
+                                  if result.meta.get("normalized") else "")
         else:
             base, what = _baseline(result)
             vals = vals - base
