@@ -1,5 +1,6 @@
 """mechsink: measure, trace and intervene on attention sinks, built on TransformerLens."""
 
+from mechsink.bridge import wrap
 from mechsink.errors import (
     AssetError,
     BadInputError,
@@ -20,5 +21,6 @@ __all__ = [
     "list_models",
     "load_model",
     "save_organism",
+    "wrap",
     "__version__",
 ]

@@ -177,31 +177,38 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     seed: int | None = None,
     fold_weights: bool = False,
+    tokenizer: Any = None,
 ) -> TransformerBridge:
     """Load a model by zoo name as a TransformerBridge in compatibility mode.
 
     ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32; ``seed`` (random
     models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.bridge``).
+    ``tokenizer``: a transformers tokenizer to use instead of the model's own (needed for a
+    folder that holds no tokenizer files, which is refused rather than given a made-up one).
     """
     torch_dtype = _resolve_dtype(dtype)
     target = resolve_device(device)
     if seed is not None and not name.startswith("random:"):
         raise BadInputError(f"seed={seed} only applies to random:... models, not {name!r}.")
     with torch.random.fork_rng(devices=[]):  # loading never moves the caller's RNG
-        hf_model, tokenizer = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype)
+        hf_model, own = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype,
+                                 own_tokenizer=tokenizer is None)
         hf_model.to(device=target, dtype=torch_dtype)
-        return wrap_hf(hf_model, tokenizer, name=name, fold_weights=fold_weights)
+        return wrap_hf(hf_model, own if tokenizer is None else tokenizer, name=name,
+                       fold_weights=fold_weights)
 
 
-def _load_hf(name: str, *, seed: int, dtype: torch.dtype) -> tuple[nn.Module, Any]:
-    """Resolve a zoo name to a plain (transformers model, tokenizer) pair."""
+def _load_hf(name: str, *, seed: int, dtype: torch.dtype,
+             own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
+    """Resolve a zoo name to a plain (transformers model, tokenizer) pair (the tokenizer is
+    None when ``own_tokenizer=False``: the caller brings one)."""
     if name in NAMED_MODELS:
         return _load_converted(NAMED_MODELS[name], dtype)
     prefix, _, rest = name.partition(":")
     if prefix == "random" and rest:
         return random_hf_model(rest, seed=seed)
     if prefix == "hf" and rest:
-        return _from_hub_or_folder(rest, dtype)
+        return _from_hub_or_folder(rest, dtype, own_tokenizer)
     if prefix == "organism" and rest:
         return load_organism_hf(organism_folder(rest), dtype)
     raise UnknownModelError(
@@ -532,9 +539,31 @@ def _joined(name: str, filename: str, part_assets: list[Asset], sha256: str) -> 
     return target
 
 
-def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+# Any of these in a folder is a tokenizer transformers can load (without one, AutoTokenizer
+# builds a tokenizer that knows a single token and turns every text into id 0).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model",
+                   "spiece.model", "vocab.txt", "merges.txt")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse a model folder that holds no tokenizer, before loading anything."""
+    if any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return
+    raise MechsinkError(
+        f"{folder} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}), and "
+        "mechsink will not load a model with a made-up tokenizer. Save the tokenizer beside the "
+        "weights (tokenizer.save_pretrained(folder)), or pass one: "
+        "mechsink.load_model('hf:<folder>', tokenizer=tok), or load the model yourself and call "
+        "mechsink.wrap(model, tokenizer=tok)."
+    )
+
+
+def _from_folder(folder: Path, dtype: torch.dtype,
+                 own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    if own_tokenizer and isinstance(folder, Path):
+        check_tokenizer_files(folder)
     config = AutoConfig.from_pretrained(str(folder))
     if variants_of(config):
         model = _with_variants_from_folder(folder, config, dtype)
@@ -542,7 +571,15 @@ def _from_folder(folder: Path, dtype: torch.dtype) -> tuple[nn.Module, Any]:
         model = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype, attn_implementation="eager"
         )
-    return model.eval(), AutoTokenizer.from_pretrained(str(folder))
+    if not own_tokenizer:
+        return model.eval(), None
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if len(tokenizer) < 2:
+        raise MechsinkError(
+            f"the tokenizer in {folder} knows {len(tokenizer)} token(s): it is not this model's "
+            "tokenizer. Save the real one there, or pass it: "
+            "mechsink.load_model(..., tokenizer=tok).")
+    return model.eval(), tokenizer
 
 
 def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) -> nn.Module:
@@ -570,9 +607,13 @@ def load_weights(model: nn.Module, folder: Path) -> nn.Module:
     return model
 
 
-def _from_hub_or_folder(ref: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
+def _from_hub_or_folder(ref: str, dtype: torch.dtype,
+                        own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
+    folder = Path(ref) if Path(ref).is_dir() else None
+    if folder is not None and own_tokenizer:
+        check_tokenizer_files(folder)  # before the weights load: a clear error, fast
     try:
-        return _from_folder(Path(ref) if Path(ref).is_dir() else ref, dtype)  # type: ignore[arg-type]
+        return _from_folder(folder or ref, dtype, own_tokenizer)  # type: ignore[arg-type]
     except (OSError, ValueError) as exc:
         raise MechsinkError(
             f"transformers could not load {ref!r}: {exc}\n"

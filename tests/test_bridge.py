@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from mechsink.bridge import architecture_summary, to_tokens
 from mechsink.errors import BadInputError
@@ -107,3 +108,67 @@ def test_prefix_run_on_gemma_sliding_and_global_layers():
                                  prefix=(kv, 3))
         assert (plain - logits).abs().max() <= 1e-4
         assert (out - logits[:, 3:]).abs().max() <= 1e-4
+
+
+# --- mechsink.wrap: a model the user holds, first-class --------------------------------------
+
+
+def test_wrap_takes_a_transformers_model_and_keeps_its_numbers():
+    """wrap() of a transformers causal LM gives a bridge whose logits are the plain model's, and
+    that the patching and census entry points accept."""
+    import mechsink
+    from mechsink.patching import SinkScore, activation_patch
+    from mechsink.zoo import random_hf_model
+
+    hf, tok = random_hf_model("llama-tiny", seed=3)
+    tokens = torch.randint(0, 50000, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = hf(tokens).logits
+    model = mechsink.wrap(hf, tok)
+    with torch.no_grad():
+        assert (model(tokens) - want).abs().max().item() < 1e-4
+    assert mechsink.wrap(model) is model  # an existing bridge comes back as it is
+    result = activation_patch(model, tokens[:1], tokens[1:], "resid_pre", SinkScore(1, 0),
+                              prepend_bos=False)
+    assert result.values.shape == (2, 9)
+
+
+def test_wrap_refuses_what_is_not_a_model():
+    import mechsink
+
+    with pytest.raises(TypeError, match="HookedTransformer") as info:
+        mechsink.wrap(torch.nn.Linear(2, 2))
+    assert "transformers causal language model" in str(info.value)
+    with pytest.raises(TypeError, match="load_model"):
+        mechsink.wrap("gpt2")
+
+
+def test_wrap_hf_without_tokenizer_never_touches_the_network(monkeypatch):
+    """Regression: wrap_hf(model, None, name=...) looked the tokenizer up on a model hub by name
+    (~48 s of retries offline, then an OSError). With hub access switched on and every socket
+    refused, it must finish without trying to connect, and give a bridge without a tokenizer."""
+    import socket
+
+    import huggingface_hub.constants
+
+    from mechsink.bridge import wrap_hf
+    from mechsink.zoo import random_hf_model
+
+    attempts: list[str] = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(repr(args[:2]))
+        raise OSError("network refused by the test")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    hf, _ = random_hf_model("gpt2-tiny", seed=0)
+    model = wrap_hf(hf, None, name="someone/not-on-this-machine")
+    assert attempts == []
+    assert model.tokenizer is None
+    tokens = torch.tensor([[50256, 15496, 995]])
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() < 1e-4

@@ -235,3 +235,21 @@ def test_seed_for_a_pretrained_model_is_an_error():
 def test_bad_dtype_is_an_error():
     with pytest.raises(BadInputError, match="dtype"):
         load_model("random:gpt2-tiny", dtype="int8")
+
+
+def test_a_folder_without_a_tokenizer_is_refused(tmp_path):
+    """Regression: a model folder with no tokenizer files loaded with a tokenizer that knows one
+    token (every text became id 0, patching returned 1.0 everywhere). It is refused, saying
+    what to do, and loads when a tokenizer is passed."""
+    from mechsink.zoo import gpt2_tokenizer
+
+    hf, _ = random_hf_model("gpt2-tiny", seed=0)
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(MechsinkError, match="no tokenizer files") as info:
+        load_model(f"hf:{tmp_path}", device="cpu")
+    assert "tokenizer=" in str(info.value)
+    model = load_model(f"hf:{tmp_path}", device="cpu", tokenizer=gpt2_tokenizer())
+    assert to_tokens(model, "hello world", prepend_bos=False).tolist() == [[31373, 995]]
+    tokens = torch.tensor([[50256, 31373, 995]])
+    with torch.no_grad():
+        assert (model(tokens) - hf(tokens).logits).abs().max().item() < 1e-4
