@@ -14,6 +14,7 @@ from mechsink.errors import BadInputError
 from mechsink.patching import Metric, Needs, SinkScore, activation_patch
 from mechsink.patching import activation_patch as activation_patch_checked
 from mechsink.patching import attribution_patch as attribution_patch_checked
+from mechsink.patching import path_patch as path_patch_checked
 from mechsink.patching.checks import SaturatedMetricWarning, check_normalizable
 
 CLEAN = "When Mary and John went"
@@ -91,6 +92,10 @@ def test_transformer_lens_style_call_is_named_before_any_forward(gpt2_tiny):
         activation_patch(gpt2_tiny, [1, 2, 3], corrupted, "resid_pre", metric)
     with pytest.raises(BadInputError, match="ActivationCache"):
         attribution_patch(gpt2_tiny, corrupted, clean_cache, "resid_pre", metric)
+    path_patch = inspect.unwrap(path_patch_checked)
+    with pytest.raises(BadInputError, match="ActivationCache.*signature is path_patch"):
+        path_patch(gpt2_tiny, corrupted, clean_cache, ["L0H0"], ["resid1"], metric,
+                   prepend_bos=True)
     assert calls["n"] == 0
 
 

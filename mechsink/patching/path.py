@@ -60,7 +60,7 @@ from mechsink.bridge import (
 )
 from mechsink.errors import BadInputError
 from mechsink.names import Name, explicit_bos, parse_name
-from mechsink.patching import engine
+from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import ALL, Metric
 from mechsink.patching.result import PatchResult
@@ -210,6 +210,9 @@ def path_patch(
     the clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
     many as ``memory_budget`` allows).
     """
+    checks.check_inputs("path_patch", "path_patch(model, clean, corrupted or None, senders, "
+                        "receivers, metric, *, direction=..., ...)", clean=clean,
+                        corrupted=corrupted)
     if direction not in ("noise", "denoise"):
         raise BadInputError(f"direction must be 'noise' or 'denoise', got {direction!r}.")
     if direction == "denoise" and corrupted is None:
