@@ -238,6 +238,22 @@ def main() -> None:
                 "resid_pre", layers=all_layers), LogitDiff(john, mary)))
             engine.SPEEDUPS[idea] = True
             print(f"  without {idea}: {t:.2f}s")
+        # every idea off: what one forward per patch group from the first block costs here
+        for idea in engine.SPEEDUPS:
+            engine.SPEEDUPS[idea] = False
+        try:
+            _, t_off = timed(lambda: activation_patch(model, clean, corrupted, parse_site(
+                "resid_pre", layers=all_layers), LogitDiff(john, mary)))
+            (a_off, b_off), t_p0_off = timed(p0)
+        finally:
+            for idea in engine.SPEEDUPS:
+                engine.SPEEDUPS[idea] = True
+        (a_on, b_on), t_p0_on = timed(p0)
+        pairs = [*zip(a_on, a_off, strict=True), (b_on, b_off)]  # a: one result per metric
+        same = max((x.values - y.values).abs().max().item() for x, y in pairs)
+        print(f"  every idea off: resid_pre x pos {t_off:.2f}s; P0-sink path patches "
+              f"{t_p0_off:.2f}s against {t_p0_on:.2f}s with them ({t_p0_off / t_p0_on:.1f}x, "
+              f"max|diff| {same:.1e})")
 
 
 if __name__ == "__main__":
