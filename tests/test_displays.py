@@ -186,3 +186,29 @@ def test_sweep_and_census_show_a_bar_when_asked(gpt2_tiny, capsys, monkeypatch):
         progress.set_progress(None)
     activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
     assert capsys.readouterr().err == ""
+
+
+def test_census_figure_titles_fit_a_long_model_name(tiny_census, tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from mechsink.viz.figures import write_figures
+
+    data = {**tiny_census.to_dict(), "model": "hf:/a/rather/long/folder/of/checkpoints/" + "x" * 40}
+    plt.close("all")
+    monkeypatch.setattr(plt, "close", lambda *a, **k: None)  # keep the figures to look at
+    paths = write_figures(data, tmp_path)
+    assert paths and all(p.stat().st_size > 0 for p in paths)
+    figs = [plt.figure(n) for n in plt.get_fignums()]
+    assert figs
+    for fig in figs:
+        fig.canvas.draw()
+        texts = [fig._suptitle] if fig._suptitle is not None else []
+        texts += [ax.title for ax in fig.axes if ax.get_title()]
+        for text in texts:
+            box = text.get_window_extent()
+            assert box.x0 >= -1 and box.x1 <= fig.bbox.width + 1, text.get_text()
+    monkeypatch.undo()
+    plt.close("all")

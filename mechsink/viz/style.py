@@ -62,8 +62,34 @@ def use_style(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def fit_titles(fig: Any) -> Any:
+    """Wrap every title wider than its room (a figure title: the figure; a panel title: its
+    panel, with a little slack) onto more lines, so long model names and metric names stay
+    inside the figure; returns ``fig``."""
+    import textwrap
+
+    renderer = fig.canvas.get_renderer()
+    room = [(fig._suptitle, fig.bbox.width * 0.96)] if fig._suptitle is not None else []
+    for ax in fig.axes:
+        if ax.get_title():
+            box = ax.get_window_extent(renderer)
+            centre = (box.x0 + box.x1) / 2  # a title is centred on its panel
+            half = min(centre, fig.bbox.width - centre)
+            room.append((ax.title, 0.96 * min(box.width * 1.15, 2 * half)))
+    for text, width in room:
+        label = text.get_text()
+        extent = text.get_window_extent(renderer).width
+        if not label or extent <= width or width <= 0:
+            continue
+        chars = max(12, int(len(label) * width / extent))
+        text.set_text("\n".join(textwrap.wrap(label.replace("\n", " "), chars)))
+    return fig
+
+
 def save(fig: Any, path: Any) -> Any:
-    """Save ``fig`` at the house resolution and close it; returns ``path``."""
+    """Save ``fig`` at the house resolution (titles wrapped to fit, :func:`fit_titles`) and
+    close it; returns ``path``."""
+    fit_titles(fig)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
