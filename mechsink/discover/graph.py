@@ -240,7 +240,7 @@ class Graph:
 def hook_of(r: Receiver, point: MetricPoint) -> str:
     """The hook where a receiver reads its input (split per head for q/k/v)."""
     if r.kind in ("q", "k", "v"):
-        return act_name(f"attn.hook_{r.kind}_input", r.layer)
+        return act_name(f"hook_{r.kind}_input", r.layer)
     if r.kind == "mlp":
         return act_name("hook_mlp_in", r.layer)
     return metric_hooks(point)[0]
@@ -250,5 +250,5 @@ def metric_hooks(point: MetricPoint) -> list[str]:
     """Where the metric receiver's input is changed: every q/k/v input of the layer (attn) or
     the block's output (post)."""
     if point.kind == "attn":
-        return [act_name(f"attn.hook_{x}_input", point.layer) for x in ("q", "k", "v")]
+        return [act_name(f"hook_{x}_input", point.layer) for x in ("q", "k", "v")]
     return [act_name("resid_post", point.layer)]

@@ -60,7 +60,7 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
     resid = run.clean.acts[act_name("resid_pre", layer)]
     per = engine.copies_per_batch(model, b, run.seq_len, 0, 0,
                                   memory_budget=run.memory_budget)
-    hook_in = act_name(f"attn.hook_{kind}_input", layer)
+    hook_in = act_name(f"hook_{kind}_input", layer)
     pattern = act_name("pattern", layer)
     chunks = []
     with torch.no_grad(), graph_mode(model):

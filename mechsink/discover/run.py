@@ -225,14 +225,14 @@ class GraphRun:
             by_key.setdefault((r.kind, r.layer), []).append(i)
         for layer in range(layer_from, g.n_layers):
             for kind in ("q", "k", "v"):
-                out.append(_Slot(act_name(f"attn.hook_{kind}_input", layer),
+                out.append(_Slot(act_name(f"hook_{kind}_input", layer),
                                  by_key[(kind, layer)], True))
             if (("mlp", layer)) in by_key:
                 out.append(_Slot(act_name("hook_mlp_in", layer), by_key[("mlp", layer)], False))
         metric_col = [len(g.receivers) - 1]
         point = g.point
         if point.kind == "attn":
-            out += [_Slot(act_name(f"attn.hook_{k}_input", point.layer), metric_col, True, True)
+            out += [_Slot(act_name(f"hook_{k}_input", point.layer), metric_col, True, True)
                     for k in ("q", "k", "v")]
         else:
             out.append(_Slot(act_name("resid_post", point.layer), metric_col, False))
@@ -466,12 +466,12 @@ class GraphRun:
     def _receiver_sites(self, r: Receiver) -> list[tuple[str, int | None]]:
         """(hook, head index or None for every head / no head axis) where ``r`` reads."""
         if r.kind in ("q", "k", "v"):
-            return [(act_name(f"attn.hook_{r.kind}_input", r.layer), r.index)]
+            return [(act_name(f"hook_{r.kind}_input", r.layer), r.index)]
         if r.kind == "mlp":
             return [(act_name("hook_mlp_in", r.layer), None)]
         point: MetricPoint = self.graph.point
         if point.kind == "attn":
-            return [(act_name(f"attn.hook_{k}_input", point.layer), None) for k in "qkv"]
+            return [(act_name(f"hook_{k}_input", point.layer), None) for k in "qkv"]
         return [(act_name("resid_post", point.layer), None)]
 
     def all_corrupted_value(self) -> float:
