@@ -127,6 +127,7 @@ def test_seedprint_calibration_on_tiny_organisms(tmp_path):
     for p in pairs:
         assert p["calibrated"] == (p["z"] > cal["calibration"]["threshold"])
         assert p["paper_rule"] == (p["p_value"] < 0.01 and p["z"] > 0)
+        assert p["calibrated_tau"] == (p["mean_tau"] > cal["calibration_tau"]["threshold"])
     fp = cal["calibrated"]["false_positive"]
     assert fp["n"] == 4 and fp["errors"] == sum(p["calibrated"] for p in pairs
                                                if not p["same_init"])

@@ -119,7 +119,9 @@ def seedprint_calibration(work_dir: str | Path, recipe: str | Recipe = "bb-llama
                           k: int = 32, alpha: float = 0.01) -> dict:
     """Null: ``null_inits`` organisms (init seeds 100, 101, ...) trained on data seed 0, every
     pair of them. Held out: ``held_out_inits`` other inits (200, 201, ...) each trained on data
-    seeds 1 and 2; pairs sharing an init are positives, the rest negatives."""
+    seeds 1 and 2; pairs sharing an init are positives, the rest negatives. Two statistics are
+    calibrated on the same null: the test's ``z`` and the mean Kendall tau alone (``z`` divides
+    it by the taus' spread, which is noisy over ``k`` dimensions)."""
     if null_inits < 3 or held_out_inits < 2:
         raise BadInputError("need >= 3 null inits (3 pairs) and >= 2 held-out inits.")
     work = Path(work_dir)
@@ -130,11 +132,13 @@ def seedprint_calibration(work_dir: str | Path, recipe: str | Recipe = "bb-llama
     null = [seedprint_test(null_logits[a], null_logits[b], k=k)
             for a, b in itertools.combinations(null_orgs, 2)]
     cal = calibrate_threshold([r.z for r in null], alpha)
+    cal_tau = calibrate_threshold([r.mean_tau for r in null], alpha)
     pairs = []
     for a, b in itertools.combinations(held, 2):
         r = seedprint_test(held_logits[a], held_logits[b], k=k)
         pairs.append({"a": list(a), "b": list(b), "same_init": a[0] == b[0], **r.to_dict(),
-                      "paper_rule": r.same_seed(), "calibrated": cal.same_seed(r)})
+                      "paper_rule": r.same_seed(), "calibrated": cal.same_seed(r),
+                      "calibrated_tau": r.mean_tau > cal_tau.threshold})
     pos = [p for p in pairs if p["same_init"]]
     neg = [p for p in pairs if not p["same_init"]]
 
@@ -144,14 +148,16 @@ def seedprint_calibration(work_dir: str | Path, recipe: str | Recipe = "bb-llama
 
     return {"recipe": recipe if isinstance(recipe, str) else recipe.name, "steps": steps,
             "k": k, "alpha": alpha, "null_z": [r.z for r in null],
+            "null_mean_tau": [r.mean_tau for r in null],
             "null_paper_rule_positive": sum(r.same_seed() for r in null),
-            "calibration": cal.to_dict(), "pairs": pairs,
-            "paper_rule": rates("paper_rule"), "calibrated": rates("calibrated")}
+            "calibration": cal.to_dict(), "calibration_tau": cal_tau.to_dict(), "pairs": pairs,
+            "paper_rule": rates("paper_rule"), "calibrated": rates("calibrated"),
+            "calibrated_tau": rates("calibrated_tau")}
 
 
 def calibration_lines(cal: dict) -> list[str]:
     """Markdown lines for :func:`seedprint_calibration`'s result."""
-    c = cal["calibration"]
+    c, t = cal["calibration"], cal["calibration_tau"]
 
     def fmt(r: dict) -> str:
         return f"{r['rate']:.2f} [{r['low']:.2f}, {r['high']:.2f}] ({r['errors']}/{r['n']})"
@@ -168,7 +174,11 @@ def calibration_lines(cal: dict) -> list[str]:
             f"{fmt(cal['paper_rule']['false_negative'])} |",
             f"| calibrated: z > {c['threshold']:.1f} | "
             f"{fmt(cal['calibrated']['false_positive'])} | "
-            f"{fmt(cal['calibrated']['false_negative'])} |", ""]
+            f"{fmt(cal['calibrated']['false_negative'])} |",
+            f"| calibrated on mean tau: tau > {t['threshold']:.3f} (null mean "
+            f"{t['null_mean']:.3f}, max {t['null_max']:.3f}) | "
+            f"{fmt(cal['calibrated_tau']['false_positive'])} | "
+            f"{fmt(cal['calibrated_tau']['false_negative'])} |", ""]
 
 
 def run(*, work_dir: str | Path, recipe: str = "bb-llama-tiny", steps: int = 200,
