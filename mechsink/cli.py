@@ -258,7 +258,7 @@ def patch(
                              "|z|q|k|v|pattern|neuron, or any hook name (attn.hook_z, "
                              "blocks.3.attn.hook_z, L3H5@0, MLP3), optionally _by_pos / "
                              "_all_pos"),
-    metric: str = typer.Option("logit_diff", help="logit_diff[:A:B], log_prob:T, kl, "
+    metric: str = typer.Option("logit_diff", help="logit_diff[:GOOD:BAD], log_prob:T, kl, "
                                "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
     out: str = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
     layers: str | None = typer.Option(None, help="comma-separated layers (default: all)"),
@@ -384,7 +384,7 @@ def sweep(
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
     metric: str = typer.Option(..., help="sink_score:L[:H], massive_value:L:POS:CH, "
-                               "resid_norm:L:POS, logit_diff[:A:B], log_prob:T, kl"),
+                               "resid_norm:L:POS, logit_diff[:GOOD:BAD], log_prob:T, kl"),
     out: str = typer.Option(..., "--out", help="folder for discover.json, circuit.json/.png, "
                             "faithfulness.png, summary.md"),
     method: str = typer.Option("eap-ig", help="eap, eap-ig or exact"),
