@@ -248,6 +248,7 @@ def test_patch_heatmap_is_drawn_from_the_saved_json(tmp_path: Path) -> None:
     assert image.get_cmap().name == style.SIGNED_CMAP
     # effects: values minus the corrupted run's metric (the run input of a denoising sweep)
     assert image.get_array().tolist() == (values + 1.0).float().tolist()
-    assert ax.get_title() == "resid_pre: logit_diff (clean 2, corrupted -1)"
+    assert ax.get_title().replace("\n", " ") == (
+        "resid_pre: logit_diff; denoise: corrupted run -1, clean patched in (2)")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0:'<s>'", "1:'a'", "2:'b'"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]
