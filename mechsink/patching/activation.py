@@ -64,7 +64,10 @@ def activation_patch(
     ``batch_size`` patches per forward (default: picked from ``memory_budget`` bytes, see
     :data:`~mechsink.patching.engine.DEFAULT_MEMORY_BUDGET`). ``normalize=True`` rescales
     values so 0 = the run input's metric and 1 = the source input's (denoise: 0 = corrupted,
-    1 = clean). ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text:
+    1 = clean); it is refused before the sweep when the two differ by float noise only
+    (:mod:`mechsink.patching.checks`; ``PatchResult.normalized()`` rescales after the fact). A
+    metric saturated at a bound on both inputs (a sink score near 1) warns: the sweep would be
+    flat. ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text:
     leaving it out is deprecated; token tensors are used as they are).
     """
     checks.check_inputs("activation_patch", SIGNATURE, clean=clean, corrupted=corrupted,
