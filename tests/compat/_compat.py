@@ -122,6 +122,12 @@ def flatten(obj: Any, prefix: str, out: dict[str, Tensor]) -> None:
             flatten(v, f"{prefix}[{i}]", out)
 
 
+def _flat(obj: Any) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    flatten(obj, "", out)
+    return out
+
+
 def _patch(result: Any) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     results = result if isinstance(result, list) else [result]
@@ -143,8 +149,10 @@ def _tokens(model: Any) -> tuple[Tensor, Tensor]:
 def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
     """Each public entry point that takes a model, as a thunk giving its numbers."""
     from mechsink import interventions as iv
+    from mechsink import viz
     from mechsink.census import census
-    from mechsink.experiments import gpt2_query_bias
+    from mechsink.discover.pipeline import discover
+    from mechsink.experiments import gpt2_query_bias, p0_edges, structural_origin
     from mechsink.patching import (
         LogitDiff,
         SinkScore,
@@ -152,6 +160,8 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
         attribution_patch,
         path_patch,
     )
+    from mechsink.patching.sites import parse_site
+    from mechsink.readout import dominant_super_neuron, massive_channel_sets, sink_readout
 
     clean, corrupted = _tokens(model)
     last = clean.shape[1] - 1
@@ -171,7 +181,7 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
             flatten(dataclasses.replace(r, prompts={}), r.name, out)
         return out
 
-    def patch(site: str, metric: Any = sink, **kw: Any) -> Callable[[], dict[str, Tensor]]:
+    def patch(site: Any, metric: Any = sink, **kw: Any) -> Callable[[], dict[str, Tensor]]:
         return lambda: _patch(activation_patch(model, clean, corrupted, site, metric,
                                                prepend_bos=False, **kw))
 
@@ -190,6 +200,17 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
             with torch.no_grad(), iv.applied(model, e) as m:
                 out[name] = m(clean).reshape(-1)
         return out
+
+    def readout() -> dict[str, Tensor]:
+        return _flat({"sink_readout": sink_readout(model, clean),
+                      "dominant": dominant_super_neuron(model, clean),
+                      "sets": massive_channel_sets(model, clean)})
+
+    def attention_view() -> dict[str, Tensor]:
+        with torch.no_grad():
+            _, cache = model.run_with_cache(clean)
+        view = viz.attention(cache, clean[0], layer=1, model=model)
+        return _flat({"patterns": view.patterns, "tokens": [len(t) for t in view.tokens]})
 
     def experiment() -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
@@ -210,7 +231,8 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
         "activation_patch z per head": patch("z", diff),
         "activation_patch pattern": patch("pattern"),
         "activation_patch neurons, noise, resample": patch(
-            "neuron", direction="noise", ablation="resample", reference=corrupted),
+            parse_site("neuron", layers=(0,), units=tuple(range(12))), direction="noise",
+            ablation="resample", reference=corrupted),
         "attribution_patch resid_pre, z": lambda: {
             **{f"resid.{k}": v for k, v in _patch(attribution_patch(
                 model, clean, corrupted, "resid_pre", diff, prepend_bos=False)).items()},
@@ -226,6 +248,15 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
             model, clean, None, heads, ["metric"], sink, ablation="batch_mean",
             prepend_bos=False)),
         "interventions": interventions,
+        "readout (sink_readout, dominant_super_neuron, massive_channel_sets)": readout,
+        "viz.attention from a cache": attention_view,
+        "discover (edge attribution)": lambda: _flat(discover(
+            model, clean, sink, corrupted=corrupted, steps=2, verify=2).to_dict()),
+        "experiment p0_edges": lambda: _flat(p0_edges.run(
+            model, model_name="compat", n=2, seq_len=16, steps=2, verify=2, n_random=1).data),
+        "experiment structural_origin": lambda: _flat(structural_origin.run(
+            model, model_name="compat", n=2, seq_len=16, positions=(4,),
+            doses=(0.0, 1.0)).data),
         **({"experiment gpt2_query_bias": experiment}
            if model.cfg.positional_embedding_type == "standard" else {}),
     }
