@@ -81,4 +81,4 @@ docs: setup
 	@echo "The site is in docs/_site: open docs/_site/index.html (it works offline)."
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info build/compat

@@ -388,8 +388,11 @@ def architecture_summary(model: Any) -> dict[str, Any]:
         module = hf_model_of(model)
     except BadInputError:  # a TransformerLens 2/3 HookedTransformer
         module = model
+    arch = type(module).__name__
+    if is_hooked_transformer(model):  # the architecture its weights came from, when known
+        arch = str(getattr(cfg, "original_architecture", None) or arch)
     return {
-        "architecture": type(module).__name__,
+        "architecture": arch,
         "n_layers": int(cfg.n_layers),
         "n_heads": int(cfg.n_heads),
         "n_kv_heads": n_kv_heads(model),
