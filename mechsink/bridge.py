@@ -554,9 +554,12 @@ def _starts_at_layer(model: Any) -> bool:
 def _old_bridge_error() -> MissingDependencyError:
     from importlib.metadata import version
 
+    have = version("transformer-lens")
+    why = ("has no TransformerBridge" if _tl_major() < 3
+           else "has a bridge that cannot run from a layer")
     return MissingDependencyError(
-        f"mechsink's TransformerBridge support needs TransformerLens 4 (this is "
-        f"{version('transformer-lens')}, whose bridge cannot run from a layer): install "
+        f"mechsink's TransformerBridge support needs TransformerLens 4 (this is {have}, which "
+        f"{why}): install "
         "'transformer-lens>=4.3,<5', or keep this TransformerLens and pass a HookedTransformer "
         "(built with fold_ln=False, center_writing_weights=False, center_unembed=False for the "
         "raw weights' residual stream)."
