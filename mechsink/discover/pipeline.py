@@ -18,6 +18,7 @@ from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, score_edges
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.names import explicit_bos
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import Metric
 
@@ -75,7 +76,7 @@ def discover(
     target: float = 0.9,
     curve_ablations: Sequence[str] = (),
     n_random: int = 3,
-    prepend_bos: bool = True,
+    prepend_bos: bool | None = None,
     seed: int = 0,
 ) -> Discovery:
     """Score every edge with ``method``, select a circuit (``select="top"``: the ``n_edges``
@@ -83,6 +84,7 @@ def discover(
     faithfulness curve under the scoring corruption and each of ``curve_ablations``."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
+    prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed)
     kw: dict[str, Any] = {}

@@ -39,6 +39,7 @@ from mechsink.ablation import Ablation, as_ablation
 from mechsink.bridge import act_name, hook_names, run_from_layer, write_in_place
 from mechsink.discover.graph import Graph, MetricPoint, Receiver
 from mechsink.errors import BadInputError
+from mechsink.names import explicit_bos
 from mechsink.patching import engine
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import ALL, Metric, Outputs, check_value
@@ -107,7 +108,7 @@ class GraphRun:
         corrupted: TokensLike | None = None,
         ablation: str | Ablation | None = None,
         positions: Sequence[int] | None = None,
-        prepend_bos: bool = True,
+        prepend_bos: bool | None = None,
         seed: int = 0,
         memory_budget: int | None = None,
     ) -> None:
@@ -118,6 +119,7 @@ class GraphRun:
         self.model = model
         self.ablation = abl
         self.memory_budget = memory_budget
+        prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="GraphRun")
         tokens = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
         corr_t = None if corrupted is None else engine.as_tokens(model, corrupted,
                                                                  prepend_bos=prepend_bos)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from mechsink.bridge import act_name, run_from_layer, unembed
 from mechsink.errors import BadInputError
+from mechsink.names import explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens
 from mechsink.patching.metrics import Metric, Outputs, check_value
@@ -32,7 +33,7 @@ def attribution_patch(
     metric: Metric | Callable[[Tensor], Tensor],
     *,
     direction: str = "denoise",
-    prepend_bos: bool = True,
+    prepend_bos: bool | None = None,
 ) -> PatchResult:
     """The linear estimate of ``activation_patch(...)`` over ``site``, same layout and labels."""
     signature = "attribution_patch(model, clean, corrupted, site, metric, *, direction=...)"
@@ -40,6 +41,7 @@ def attribution_patch(
     checks.check_site_and_metric("attribution_patch", signature, site, metric)
     if direction not in ("denoise", "noise"):
         raise BadInputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
+    prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="attribution_patch")
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     seq_len = clean_t.shape[1]
     site = parse_site(site).resolve(model, seq_len)
