@@ -132,6 +132,8 @@ def test_attention_view_of_a_census(tiny_census):
     assert torch.allclose(torch.tensor(view.patterns[0]), example.patterns[0], atol=1e-4)
     with pytest.raises(BadInputError, match="no run"):
         mechsink.viz.attention(tiny_census, run="natural/bos")
+    one = mechsink.viz.attention(tiny_census.run("random", "nobos"))
+    assert one.patterns == view.patterns and one.tokens == view.tokens
 
 
 def test_experiment_result_repr_is_short_and_its_card_is_the_summary():

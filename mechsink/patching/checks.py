@@ -129,8 +129,9 @@ def check_saturation(metric: Any, clean: float, corrupted: float | None) -> None
                 f"the metric {getattr(metric, 'name', metric)!r} is {clean:.6g} on the clean "
                 f"input and {corrupted:.6g} on the corrupted one, both within "
                 f"{SATURATION_MARGIN:g} of its bound {bound:g}: it is saturated, so every patch "
-                "will leave it (nearly) unchanged and the sweep will look flat. Pick a head or "
-                "layer that the corruption moves, or a logit metric.",
+                "will leave it (nearly) unchanged and the sweep will look flat. Pick a metric "
+                "that the corruption moves (another head or layer, a logit metric) or a "
+                "stronger corruption.",
                 SaturatedMetricWarning, stacklevel=4,
             )
             return

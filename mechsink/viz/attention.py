@@ -156,8 +156,8 @@ def attention(
 
     ``source`` is one of: an ``ActivationCache`` or dict of activations (give ``layer``: its
     ``hook_pattern`` is shown, sequence ``batch``); a pattern tensor ``[head, query, key]``,
-    ``[query, key]`` or ``[batch, head, query, key]``; a :class:`~mechsink.census.Census` or
-    census.json data (the strongest sink heads of ``run``, default the first run).
+    ``[query, key]`` or ``[batch, head, query, key]``; a :class:`~mechsink.census.Census`, one
+    of its runs or census.json data (the strongest sink heads of ``run``, default the first).
     ``tokens``: token strings, or token ids with ``model`` (default: position numbers).
     ``heads`` picks heads (default all)."""
     import torch
@@ -165,6 +165,8 @@ def attention(
     names: list[str]
     if hasattr(source, "runs"):  # a Census object
         source = source.to_dict()
+    elif hasattr(source, "example") and hasattr(source, "prompts"):  # one RunCensus
+        source = {"runs": [source.to_dict()]}
     if isinstance(source, Mapping) and "runs" in source:
         runs = list(source["runs"])
         if not runs:
