@@ -113,6 +113,18 @@ class NearOne(Metric):
         return 1.0 - 1e-5 * torch.sigmoid(out.logits_at(-1)[:, 0]).mean()
 
 
+def test_every_site_name_form_passes_the_entry_check(gpt2_tiny):
+    """A get_act_name pair and a parsed Name are site names too (the check refused them)."""
+    from mechsink.names import parse_name
+    from mechsink.patching import LogitDiff
+
+    clean, corrupted = _pair(gpt2_tiny)
+    ref = activation_patch(gpt2_tiny, clean, corrupted, "blocks.1.attn.hook_z", LogitDiff(1, 2))
+    for form in [("z", 1), parse_name("blocks.1.attn.hook_z")]:
+        got = activation_patch(gpt2_tiny, clean, corrupted, form, LogitDiff(1, 2))
+        assert torch.equal(got.values, ref.values)
+
+
 def test_saturated_bounded_metric_warns(gpt2_tiny):
     clean, corrupted = _pair(gpt2_tiny)
     with pytest.warns(SaturatedMetricWarning, match="within 0.001 of its bound 1"):

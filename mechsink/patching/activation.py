@@ -17,7 +17,7 @@ from torch import Tensor
 from mechsink.ablation import Ablation, as_ablation
 from mechsink.bridge import act_name, write_in_place
 from mechsink.errors import BadInputError
-from mechsink.names import explicit_bos
+from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imports)
     DEFAULT_TOKENS_PER_BATCH,
@@ -40,7 +40,7 @@ def activation_patch(
     model: Any,
     clean: TokensLike,
     corrupted: TokensLike,
-    site: str | Site,
+    site: str | tuple[str, int] | Name | Site,
     metric: Metric | Callable[[Tensor], Tensor],
     *,
     direction: str = "denoise",

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from mechsink.bridge import act_name, run_from_layer, unembed
 from mechsink.errors import BadInputError
-from mechsink.names import explicit_bos
+from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens
 from mechsink.patching.metrics import Metric, Outputs, check_value
@@ -29,7 +29,7 @@ def attribution_patch(
     model: Any,
     clean: TokensLike,
     corrupted: TokensLike,
-    site: str | Site,
+    site: str | tuple[str, int] | Name | Site,
     metric: Metric | Callable[[Tensor], Tensor],
     *,
     direction: str = "denoise",

@@ -68,10 +68,14 @@ def check_inputs(fn: str, signature: str, **inputs: Any) -> None:
 
 
 def check_site_and_metric(fn: str, signature: str, site: Any, metric: Any) -> None:
-    """``site`` is a site string or Site, ``metric`` a Metric or callable (or a list of them)."""
+    """``site`` is a site name (a string, a ``("z", 3)`` get_act_name pair or a
+    :class:`~mechsink.names.Name`) or a Site; ``metric`` a Metric or callable (or a list)."""
+    from mechsink.names import Name
     from mechsink.patching.sites import Site
 
-    if not isinstance(site, (str, Site)):
+    get_act_name_form = (isinstance(site, tuple) and len(site) == 2
+                         and isinstance(site[0], str) and isinstance(site[1], int))
+    if not (isinstance(site, (str, Site, Name)) or get_act_name_form):
         hint = (" (it looks like a metric: the site comes before the metric)"
                 if callable(site) else "")
         raise BadInputError(f"{fn}: site must be a site name such as 'resid_pre' or 'z' or a "
