@@ -37,6 +37,7 @@ from mechsink.assets import Asset
 from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
 from mechsink.io import atomic_dir, atomic_file, atomic_write_json
+from mechsink.progress import library_bars
 from mechsink.variants import apply_variants, variants_of
 
 if TYPE_CHECKING:
@@ -190,7 +191,9 @@ def load_model(
     target = resolve_device(device)
     if seed is not None and not name.startswith("random:"):
         raise BadInputError(f"seed={seed} only applies to random:... models, not {name!r}.")
-    with torch.random.fork_rng(devices=[]):  # loading never moves the caller's RNG
+    # loading never moves the caller's RNG; transformers' own bars ("Loading weights") follow
+    # mechsink's progress setting (shown on a terminal or in Jupyter, silent in logs)
+    with torch.random.fork_rng(devices=[]), library_bars():
         hf_model, own = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype,
                                  own_tokenizer=tokenizer is None)
         hf_model.to(device=target, dtype=torch_dtype)

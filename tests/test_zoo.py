@@ -253,3 +253,13 @@ def test_a_folder_without_a_tokenizer_is_refused(tmp_path):
     tokens = torch.tensor([[50256, 31373, 995]])
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max().item() < 1e-4
+
+
+def test_loading_prints_no_library_bars_off_a_terminal(capfd):
+    """transformers' "Loading weights" bar follows mechsink's progress setting: silent when
+    stderr is not a terminal (it printed into every log and pipe)."""
+    from mechsink import load_model
+
+    load_model("organism:bb-gpt2-tiny", device="cpu")
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err
