@@ -72,21 +72,15 @@ def test_p0_edges_end_to_end_and_rerendered_from_json(llama_tiny, tmp_path: Path
 
 @pytest.mark.slow
 def test_exact_edge_patch_equals_path_patch_on_smollm2(smollm2) -> None:
-    from mechsink.discover import GraphRun, exact_scores
-    from mechsink.patching import SinkScore, path_patch
+    from mechsink.discover import GraphRun
+    from mechsink.patching import SinkScore
 
     g = torch.Generator().manual_seed(0)
     clean = torch.randint(100, 5000, (2, 8), generator=g)
     clean[:, 0] = 1
     run = GraphRun(smollm2, clean, SinkScore(3), ablation="position_mean", positions=[0])
     names = ["L0H3->L2KV1.k", "MLP0->L2H4.q", "L1H0->L2KV2.v", "MLP1->metric", "embed->MLP2"]
-    edges = [run.graph.edge_index(n) for n in names]
-    ours = exact_scores(run, edges=edges).values
-    for e in edges:
-        s, r = run.graph.path_spec(e)
-        pp = path_patch(smollm2, clean, None, [s + "@0"], [r], SinkScore(3),
-                        ablation="position_mean", batch_size=1)
-        assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value, abs=1e-5)
+    _assert_exact_edges_match_path_patch(smollm2, run, clean, names, abs_tol=1e-5)
 
 
 @pytest.mark.slow
@@ -96,8 +90,8 @@ def test_gemma_head_writes_add_up_and_exact_edges_match_path_patch() -> None:
     the embedding and MLPs equal path_patch."""
     from mechsink import load_model
     from mechsink.bridge import act_name
-    from mechsink.discover import GraphRun, exact_scores, graph_mode
-    from mechsink.patching import SinkScore, path_patch
+    from mechsink.discover import GraphRun, graph_mode
+    from mechsink.patching import SinkScore
 
     model = load_model("gemma3-270m", device="cpu")
     g = torch.Generator().manual_seed(0)
@@ -112,10 +106,20 @@ def test_gemma_head_writes_add_up_and_exact_edges_match_path_patch() -> None:
         ref = cache[act_name("attn_out", layer)]
         assert (total - ref).abs().max() <= 1e-3 * ref.abs().max()
     names = ["embed->L1H2.q", "MLP0->L2KV0.k", "MLP1->metric", "embed->MLP2"]
+    _assert_exact_edges_match_path_patch(model, run, clean, names, abs_tol=1e-4)
+
+
+def _assert_exact_edges_match_path_patch(model, run, clean, names, *, abs_tol: float) -> None:
+    """Each named edge's exact score equals path_patch of its sender (@0, position-mean
+    ablated) into its receiver, minus the clean value."""
+    from mechsink.discover import exact_scores
+    from mechsink.patching import SinkScore, path_patch
+
     edges = [run.graph.edge_index(n) for n in names]
     ours = exact_scores(run, edges=edges).values
     for e in edges:
         s, r = run.graph.path_spec(e)
         pp = path_patch(model, clean, None, [s + "@0"], [r], SinkScore(3),
-                        ablation="position_mean", batch_size=1)
-        assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value, abs=1e-4)
+                        ablation="position_mean", batch_size=1, prepend_bos=False)
+        assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value,
+                                               abs=abs_tol)

@@ -271,12 +271,16 @@ class GraphRun:
         w_corr = self.w_corr.repeat(copies, 1, 1, 1)
         scales: dict[int, Tensor] = {}
 
+        def entry(i: int) -> Tensor:
+            """Entry ``i`` of ``written`` as writes (head results scaled once known)."""
+            w = written[i]
+            if isinstance(w, tuple):
+                layer, res = w
+                written[i] = w = res / scales[layer].unsqueeze(-1) * self.norm_gain[layer]
+            return w
+
         def materialise() -> Tensor:
-            for i, w in enumerate(written):
-                if isinstance(w, tuple):
-                    layer, res = w
-                    written[i] = res / scales[layer].unsqueeze(-1) * self.norm_gain[layer]
-            return torch.cat(written, 2)
+            return torch.cat([entry(i) for i in range(len(written))], 2)
 
         def on_result(layer: int) -> HookFn:
             def hook(act: Tensor, hook: Any) -> None:
@@ -301,10 +305,7 @@ class GraphRun:
                 size = (w[1] if isinstance(w, tuple) else w).shape[2]
                 sel = [j - first for j in idx if first <= j < first + size]
                 if sel:
-                    if isinstance(w, tuple):
-                        layer, res = w
-                        written[i] = w = res / scales[layer].unsqueeze(-1) * self.norm_gain[layer]
-                    out.append(w[:, :, sel])
+                    out.append(entry(i)[:, :, sel])
                 first += size
             return torch.cat(out, 2)
 
