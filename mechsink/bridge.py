@@ -694,6 +694,15 @@ def query_bias(model: Any, layer: int) -> Tensor | None:
     return None if b_q is None else b_q[layer].detach()
 
 
+@contextmanager
+def scale_edits_expected() -> Iterator[None]:
+    """Silence TransformerLens's warning that a hook edited a norm's ``hook_scale`` (it then
+    rebuilds the norm's output from the hooked values): freezing the scales is that edit."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="A forward hook edited hook_scale")
+        yield
+
+
 def write_in_place(act: Tensor, new: Tensor) -> Tensor:
     """Overwrite a hooked activation in place and return it (what a patching hook should do).
 

@@ -41,7 +41,6 @@ Receivers: ``L12H3.q`` / ``.k`` / ``.v`` (on GQA models the KV head of query hea
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +54,7 @@ from mechsink.bridge import (
     hook_names,
     n_kv_heads,
     run_from_layer,
+    scale_edits_expected,
     token_strings,
     write_in_place,
 )
@@ -267,10 +267,7 @@ def path_patch(
         order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
         last_start = min((r.layer for r in recvs if r.kind != "metric"), default=None)
         values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
-        with engine.progress(len(groups), "path patching") as bar, warnings.catch_warnings():
-            # frozen scales are edits of hook_scale: TransformerLens warns that it then rebuilds
-            # the norm's output from the hooked values, which is what freezing means
-            warnings.filterwarnings("ignore", message="A forward hook edited hook_scale")
+        with engine.progress(len(groups), "path patching") as bar, scale_edits_expected():
             for lo in range(0, len(order), per_batch):
                 ids = order[lo:lo + per_batch]
                 chunk = [groups[i] for i in ids]
