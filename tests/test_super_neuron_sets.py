@@ -76,3 +76,40 @@ def test_census_lists_super_neuron_sets(llama_tiny):
                 if a["position"] == 0}
     assert {s["channel"] for s in block["sets"]} <= massive0
 
+
+
+def test_a_chunk_keeps_only_its_own_numbers(llama_tiny):
+    """The census keeps one measure_cache result per chunk until it merges them: no tensor in
+    it may hold on to a cache-sized storage (a slice of the stacked cache did: 3.2 GB peak for
+    SmolLM2's census instead of 2.5 GB)."""
+    import dataclasses
+
+    from mechsink.bridge import down_projection, head_output_weights
+    from mechsink.census import measure_cache, needed_hooks
+    from mechsink.prompts import make_prompts
+
+    tokens = make_prompts(llama_tiny, "random", "bos", n=2, seq_len=8).tokens
+    with torch.no_grad():
+        _, cache = llama_tiny.run_with_cache(tokens, names_filter=needed_hooks(llama_tiny))
+    w_out = down_projection(llama_tiny)
+    part = measure_cache(cache, w_out=w_out, w_o=head_output_weights(llama_tiny))
+
+    def tensors(x, path):
+        if isinstance(x, torch.Tensor):
+            yield path, x
+        elif dataclasses.is_dataclass(x):
+            for f in dataclasses.fields(x):
+                yield from tensors(getattr(x, f.name), f"{path}.{f.name}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                yield from tensors(v, f"{path}[{k!r}]")
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                yield from tensors(v, f"{path}[{i}]")
+
+    found = list(tensors(part, "part"))
+    assert any(p.endswith("].post0") for p, _ in found)  # the super-neuron inputs
+    oversized = {p: (t.untyped_storage().nbytes(), t.numel() * t.element_size())
+                 for p, t in found if not p.endswith(".w_out")  # w_out: the model's weights
+                 and t.untyped_storage().nbytes() > t.numel() * t.element_size()}
+    assert not oversized

@@ -340,8 +340,9 @@ def super_neuron_sets(
         contrib = act * w[layer, neuron, chans]
         best = int(contrib.abs().argmax())
         spikes.append((layer, neuron, int(chans[best]), pos, act, float(contrib[best])))
+    # clone(): a slice would keep the whole [layer, batch, pos, ...] stack alive with the result
+    # (the census keeps one result per chunk until it merges them).
     return SuperNeuronSets(float(threshold), float(coverage),
-                           post[:, :, 0].transpose(0, 1).cpu(), out[:, :, 0].transpose(0, 1).cpu(),
-                           resid[:, :, 0].transpose(0, 1).cpu(),
+                           *(x[:, :, 0].transpose(0, 1).cpu().clone() for x in (post, out, resid)),
                            resid.abs().flatten(2).median(-1).values.transpose(0, 1).cpu(),
                            w.cpu(), tuple(spikes))
