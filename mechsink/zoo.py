@@ -497,7 +497,8 @@ def _build_from_gguf(name: str, folder: Path) -> None:
         attn_implementation="eager",
     )
     _drop_gguf_quantisation(model)
-    model.save_pretrained(folder)
+    with library_bars():
+        model.save_pretrained(folder)
     tok.save_pretrained(folder)
 
 
@@ -641,7 +642,7 @@ def save_organism(
     if tok is None:
         raise BadInputError("save_organism needs a tokenizer: pass tokenizer=...")
     folder = Path(folder)
-    with atomic_dir(folder) as tmp:
+    with atomic_dir(folder) as tmp, library_bars():  # "Writing model shards" follows ours
         hf.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         marker = {"format": ORGANISM_FORMAT, "kind": "organism", **(metadata or {})}

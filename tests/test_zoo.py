@@ -263,3 +263,17 @@ def test_loading_prints_no_library_bars_off_a_terminal(capfd):
     load_model("organism:bb-gpt2-tiny", device="cpu")
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "it/s" not in err
+
+
+def test_saving_prints_no_library_bars_off_a_terminal(capfd, tmp_path):
+    """transformers' "Writing model shards" bar is silent off a terminal as well (every
+    checkpoint of a training run printed one into its log)."""
+    from mechsink import load_model
+    from mechsink.zoo import save_organism
+
+    model = load_model("organism:bb-gpt2-tiny", device="cpu")
+    capfd.readouterr()
+    save_organism(model, tmp_path / "copy")
+    err = capfd.readouterr().err
+    assert (tmp_path / "copy").is_dir()
+    assert "Writing model shards" not in err and "it/s" not in err
