@@ -17,6 +17,7 @@ unchanged, but residual-stream values are not, so the massive-activation figures
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -745,6 +746,13 @@ class PrefixKV:
         self.hooked = is_hooked_transformer(model)
         self.config = None if self.hooked else hf_model_of(model).config
         self.keys, self.values = keys, values
+
+    def rows(self, rows: slice) -> PrefixKV:
+        """The keys and values of some rows of the recorded batch (views, not copies)."""
+        part = copy.copy(self)
+        part.keys = [k[rows] for k in self.keys]
+        part.values = [v[rows] for v in self.values]
+        return part
 
     def cache_for(self, first: int, copies: int | Sequence[int]) -> Any:
         """A fresh cache holding positions ``< first``, repeated ``copies`` times along the

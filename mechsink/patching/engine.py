@@ -148,6 +148,23 @@ def record(model: Any, tokens: Tensor, names: Iterable[str]) -> Run:
     return Run(tokens, logits, acts, kv)
 
 
+def record_pair(model: Any, first: Tensor, second: Tensor, first_names: Iterable[str],
+                second_names: Iterable[str]) -> tuple[Run, Run]:
+    """:func:`record` of two inputs of one shape in one forward (stacked along the batch): a
+    short prompt's forward costs about what its weights take to read, so two cost about one."""
+    a, b = set(first_names), set(second_names)
+    logits, acts, kv = run_with_kv(model, torch.cat([first, second]), a | b)
+    n = int(first.shape[0])
+
+    def part(rows: slice, names: set[str], other: set[str]) -> Run:
+        # a slice of a name only this run keeps is copied (it would hold both runs' storage)
+        kept = {k: acts[k][rows] if k in other else acts[k][rows].clone() for k in names}
+        return Run(first if rows.start == 0 else second, logits[rows], kept,
+                   None if kv is None else kv.rows(rows))
+
+    return part(slice(0, n), a, b), part(slice(n, None), b, a)
+
+
 def outputs_of(model: Any, run: Run, needs: Needs) -> Outputs:
     """What a metric with ``needs`` sees on the unpatched ``run``."""
     positions = needs.logits if isinstance(needs.logits, tuple) else None
@@ -228,13 +245,17 @@ def setup(
     keep = keep or {}
     base = names_for(model, needs)
     with torch.no_grad():
-        clean_run = record(model, clean_t, base | keep.get("clean", set()))
+        clean_names = base | keep.get("clean", set())
+        corr_names = base | keep.get("corrupted", set())
+        if corr_t is None:
+            clean_run, corr_run = record(model, clean_t, clean_names), None
+        else:
+            clean_run, corr_run = record_pair(model, clean_t, corr_t, clean_names, corr_names)
         clean_out = outputs_of(model, clean_run, needs)
         ms = tuple(m.bind(clean_out) for m in ms)
         clean_values = tuple(check_value(m(clean_out), "on the clean run", m) for m in ms)
-        corr_run, corr_values = None, tuple(None for _ in ms)
-        if corr_t is not None:
-            corr_run = record(model, corr_t, base | keep.get("corrupted", set()))
+        corr_values: tuple[Tensor | None, ...] = tuple(None for _ in ms)
+        if corr_run is not None:
             corr_out = outputs_of(model, corr_run, needs)
             corr_values = tuple(check_value(m(corr_out), "on the corrupted run", m) for m in ms)
     return Setup(model, clean_run, corr_run, ms, needs, clean_values, corr_values)
