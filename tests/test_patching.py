@@ -317,8 +317,14 @@ def _sweep_both_ways(model, site, metric, **kw):
     def spy(act, hook):
         seen.append(act.shape[1])
 
-    with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", spy)]):
-        fast = activation_patch(model, clean, corrupted, site, metric, **kw)
+    # a tiny model's blocks cost less than a block call: the batching would merge every
+    # position into one forward from 0, so price the calls at 0 to exercise late starts
+    cost, engine.BLOCK_CALL_COST = engine.BLOCK_CALL_COST, 0
+    try:
+        with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", spy)]):
+            fast = activation_patch(model, clean, corrupted, site, metric, **kw)
+    finally:
+        engine.BLOCK_CALL_COST = cost
     engine.SPEEDUPS["prefix_reuse"] = False
     try:
         plain = activation_patch(model, clean, corrupted, site, metric, **kw)
@@ -494,3 +500,33 @@ def test_prefix_reuse_on_gemma_sliding_window_layers():
                             (7,), metric=lambda lg: lg[0, -1, 100] - lg[0, -1, 200])
     res = activation_patch(model, clean, corrupted, parse_site("resid_pre", layers=(7,)), metric)
     assert (res.values - ref.double()).abs().max() <= 1e-4
+
+
+def test_batching_weighs_block_calls_against_recomputed_tokens(llama_tiny):
+    """The batching's cost model: free block calls give one start position per forward group
+    (no token computed twice); expensive ones merge positions into forwards from position 0;
+    the sweep is the same either way."""
+    from mechsink.patching import engine
+
+    clean, corrupted = _pair(llama_tiny)
+    site = parse_site("resid_pre")
+    results, starts = {}, {}
+    for cost in (0, 10**9):
+        seen: list[int] = []
+        old = engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE
+        engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE = cost, 100.0
+        try:
+            def spy(act, hook, seen=seen):
+                seen.append(act.shape[1])
+
+            with llama_tiny.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", spy)]):
+                results[cost] = activation_patch(llama_tiny, clean, corrupted, site,
+                                                 LogitDiff(100, 200)).values
+        finally:
+            engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE = old
+        starts[cost] = seen
+    n = clean.shape[1]
+    assert sorted(set(starts[0])) == list(range(1, n + 1))  # one suffix length per position
+    assert set(starts[10**9]) == {n}  # every forward from position 0
+    assert len(starts[10**9]) < len(starts[0])
+    assert (results[0] - results[10**9]).abs().max() <= 1e-5

@@ -123,58 +123,82 @@ def activation_patch(
     )
 
 
-def _work(units: list[tuple[int, ...]], joins: dict[tuple[int, ...], int], last: int,
-          seq_len: int, first: dict[tuple[int, ...], int], from_pos: int | None = None) -> int:
-    """Layer-tokens a batch of ``units`` computes: each from its join block to ``last``, from
-    position ``from_pos`` (the batch's earliest) or, alone, from its own first position."""
-    return sum(max(0, last + 1 - joins[u])
-               * (seq_len - (first[u] if from_pos is None else from_pos)) for u in units)
-
-
 def _chunks(
     model: Any, site: Site, units: list[tuple[int, ...]], s: engine.Setup,
     batch_size: int | None, memory_budget: int | None,
 ) -> list[tuple[int, list[tuple[int, ...]]]]:
     """Units in batches, latest positions first: ``(first position, units by layer)``.
 
-    With the staircase every unit of a batch joins at its own layer, so a batch may hold
-    every layer; it starts at its earliest unit's position, so mixing positions recomputes
-    some tokens twice: a unit joins the batch while that stays within
-    :data:`~mechsink.patching.engine.MAX_RECOMPUTE` of the least work and the batch within
-    the token target and memory budget (or ``batch_size`` units, when given). Without the
-    staircase, batches hold one layer each (every copy runs from the batch's first block).
+    Units are grouped by their first patched position; consecutive groups may share batches
+    that start at the earliest of their positions (recomputing the later groups' earlier
+    tokens, at most :data:`~mechsink.patching.engine.MAX_RECOMPUTE` times their own work).
+    Which groups share is chosen by dynamic programming over a cost in layer-tokens: the
+    tokens each batch computes plus :data:`~mechsink.patching.engine.BLOCK_CALL_COST` per
+    block it runs, so late positions (a token or two each) are batched together rather than
+    paying a forward each. Each batch holds at most ``batch_size`` units (or what the memory
+    budget and token target allow). With the staircase a batch holds every layer (each unit
+    joins at its own); without it, batches hold one layer each.
     """
     reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
-    stairs = _staircase()
     logit_positions = -1 if s.needs.logits == ALL else len(s.needs.logits or ())
     last = _last_layer(model, s)
     first = {u: site.first_position(u) if reuse else 0 for u in units}
-    joins = {u: u[0] for u in units}
     groups: dict[int, list[tuple[int, ...]]] = {}
     for u in units:
-        groups.setdefault(u[0] if not stairs else 0, []).append(u)
+        groups.setdefault(u[0] if not _staircase() else 0, []).append(u)
     out: list[tuple[int, list[tuple[int, ...]]]] = []
     for group in groups.values():
-        ordered = sorted(group, key=lambda u: (-first[u], u[0]))
-        chunk: list[tuple[int, ...]] = []
-        for u in ordered:
-            if chunk:
-                trial = chunk + [u]
-                p = first[u]
-                if batch_size is not None:
-                    fits = len(trial) <= batch_size
-                else:
-                    cap = engine.copies_per_batch(model, s.batch, s.seq_len, p, logit_positions,
-                                                  memory_budget=memory_budget)
-                    fits = len(trial) <= cap and _work(
-                        trial, joins, last, s.seq_len, first, p) <= engine.MAX_RECOMPUTE * _work(
-                        trial, joins, last, s.seq_len, first)
-                if not fits:
-                    out.append((first[chunk[-1]], sorted(chunk, key=lambda v: v[0])))
-                    chunk = []
-            chunk.append(u)
-        if chunk:
-            out.append((first[chunk[-1]], sorted(chunk, key=lambda v: v[0])))
+        by_pos: dict[int, list[tuple[int, ...]]] = {}
+        for u in group:
+            by_pos.setdefault(first[u], []).append(u)
+        positions = sorted(by_pos, reverse=True)
+
+        def cap(p: int) -> int:
+            if batch_size is not None:
+                return batch_size
+            return engine.copies_per_batch(model, s.batch, s.seq_len, p, logit_positions,
+                                           memory_budget=memory_budget)
+
+        def batches(units_: list[tuple[int, ...]], p: int) -> list[list[tuple[int, ...]]]:
+            ordered = sorted(units_, key=lambda v: v[0])
+            c = cap(p)
+            return [ordered[i:i + c] for i in range(0, len(ordered), c)]
+
+        def cost(units_: list[tuple[int, ...]], p: int) -> float:
+            total = 0.0
+            for b in batches(units_, p):
+                blocks = max(0, last + 1 - b[0][0])
+                work = sum(max(0, last + 1 - u[0]) for u in b) * s.batch * (s.seq_len - p)
+                total += work + engine.BLOCK_CALL_COST * blocks
+            return total
+
+        own = {p: sum(max(0, last + 1 - u[0]) for u in by_pos[p]) * (s.seq_len - p)
+               for p in positions}
+        # best[k]: least cost of the k latest positions; split[k]: where its last segment starts
+        best, split = [0.0], [0]
+        for k in range(1, len(positions) + 1):
+            best.append(float("inf"))
+            split.append(k - 1)
+            members: list[tuple[int, ...]] = []
+            needed = 0.0
+            for i in range(k - 1, -1, -1):  # segment positions[i:k], starting at positions[k-1]
+                members = members + by_pos[positions[i]]
+                needed += own[positions[i]]
+                p = positions[k - 1]
+                done = sum(max(0, last + 1 - u[0]) for u in members) * (s.seq_len - p)
+                if i < k - 1 and done > engine.MAX_RECOMPUTE * max(needed, 1):
+                    break
+                c = best[i] + cost(members, p)
+                if c < best[k]:
+                    best[k], split[k] = c, i
+        segments = []
+        k = len(positions)
+        while k > 0:
+            i = split[k]
+            segments.append((positions[k - 1], [u for q in positions[i:k] for u in by_pos[q]]))
+            k = i
+        for p, members in reversed(segments):
+            out.extend((p, b) for b in batches(members, p))
     return out
 
 

@@ -62,7 +62,13 @@ DEFAULT_MEMORY_BUDGET = 512 * 2**20
 
 #: a batch may mix patches at different positions (it then starts at the earliest) while it
 #: computes at most this many times the tokens the patches need by themselves
-MAX_RECOMPUTE = 1.25
+MAX_RECOMPUTE = 2.0
+
+#: what one block call costs beyond its tokens (reading the block's weights, Python dispatch
+#: through the bridge), in layer-tokens of a large batch: the batching weighs it against the
+#: tokens that mixing positions recomputes. About 2-3 ms per SmolLM2 block on a 2-core CPU,
+#: at 17,000 layer-tokens/s (benchmarks/patching.py)
+BLOCK_CALL_COST = 48
 
 #: the speed ideas, switchable so benchmarks/patching.py can measure what each one buys
 SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True,
