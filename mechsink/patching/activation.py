@@ -146,60 +146,73 @@ def _chunks(
     groups: dict[int, list[tuple[int, ...]]] = {}
     for u in units:
         groups.setdefault(u[0] if not _staircase() else 0, []).append(u)
+
+    def cap(p: int) -> int:
+        if batch_size is not None:
+            return batch_size
+        return engine.copies_per_batch(model, s.batch, s.seq_len, p, logit_positions,
+                                       memory_budget=memory_budget)
+
     out: list[tuple[int, list[tuple[int, ...]]]] = []
     for group in groups.values():
         by_pos: dict[int, list[tuple[int, ...]]] = {}
         for u in group:
             by_pos.setdefault(first[u], []).append(u)
         positions = sorted(by_pos, reverse=True)
-
-        def cap(p: int) -> int:
-            if batch_size is not None:
-                return batch_size
-            return engine.copies_per_batch(model, s.batch, s.seq_len, p, logit_positions,
-                                           memory_budget=memory_budget)
-
-        def batches(units_: list[tuple[int, ...]], p: int) -> list[list[tuple[int, ...]]]:
-            ordered = sorted(units_, key=lambda v: v[0])
-            c = cap(p)
-            return [ordered[i:i + c] for i in range(0, len(ordered), c)]
-
-        def cost(units_: list[tuple[int, ...]], p: int) -> float:
-            total = 0.0
-            for b in batches(units_, p):
-                blocks = max(0, last + 1 - b[0][0])
-                work = sum(max(0, last + 1 - u[0]) for u in b) * s.batch * (s.seq_len - p)
-                total += work + engine.BLOCK_CALL_COST * blocks
-            return total
-
-        own = {p: sum(max(0, last + 1 - u[0]) for u in by_pos[p]) * (s.seq_len - p)
-               for p in positions}
-        # best[k]: least cost of the k latest positions; split[k]: where its last segment starts
-        best, split = [0.0], [0]
-        for k in range(1, len(positions) + 1):
-            best.append(float("inf"))
-            split.append(k - 1)
-            members: list[tuple[int, ...]] = []
-            needed = 0.0
-            for i in range(k - 1, -1, -1):  # segment positions[i:k], starting at positions[k-1]
-                members = members + by_pos[positions[i]]
-                needed += own[positions[i]]
-                p = positions[k - 1]
-                done = sum(max(0, last + 1 - u[0]) for u in members) * (s.seq_len - p)
-                if i < k - 1 and done > engine.MAX_RECOMPUTE * max(needed, 1):
-                    break
-                c = best[i] + cost(members, p)
-                if c < best[k]:
-                    best[k], split[k] = c, i
-        segments = []
-        k = len(positions)
-        while k > 0:
-            i = split[k]
-            segments.append((positions[k - 1], [u for q in positions[i:k] for u in by_pos[q]]))
-            k = i
-        for p, members in reversed(segments):
-            out.extend((p, b) for b in batches(members, p))
+        counts = [[0] * (last + 2) for _ in positions]  # units per join layer (last+1: later)
+        for k, p in enumerate(positions):
+            for u in by_pos[p]:
+                counts[k][min(u[0], last + 1)] += 1
+        for k, i in _segments(positions, counts, last, s.seq_len, s.batch, cap):
+            ordered = sorted((u for q in positions[i:k] for u in by_pos[q]), key=lambda v: v[0])
+            c = cap(positions[k - 1])
+            out.extend((positions[k - 1], ordered[j:j + c]) for j in range(0, len(ordered), c))
     return out
+
+
+def _segments(positions: list[int], counts: list[list[int]], last: int, seq_len: int,
+              batch: int, cap: Callable[[int], int]) -> list[tuple[int, int]]:
+    """The cheapest split of ``positions`` (latest first) into runs ``positions[i:k]``, each
+    computed from its earliest position ``positions[k-1]``: dynamic programming over the
+    cost of :func:`_chunks` (``counts[k][layer]``: units of position ``k`` joining there).
+    Returned as ``(k, i)`` pairs, latest run first."""
+    depth = [max(0, last + 1 - layer) for layer in range(last + 2)]  # blocks a unit runs
+    own = [sum(n * d for n, d in zip(row, depth, strict=True)) * (seq_len - p)
+           for row, p in zip(counts, positions, strict=True)]
+    best, split = [0.0], [0]
+    for k in range(1, len(positions) + 1):
+        p = positions[k - 1]
+        hist = [0] * (last + 2)
+        weight = needed = 0.0
+        best.append(float("inf"))
+        split.append(k - 1)
+        for i in range(k - 1, -1, -1):  # the run positions[i:k]
+            hist = [a + b for a, b in zip(hist, counts[i], strict=True)]
+            weight += sum(n * d for n, d in zip(counts[i], depth, strict=True))
+            needed += own[i]
+            if i < k - 1 and weight * (seq_len - p) > engine.MAX_RECOMPUTE * max(needed, 1):
+                break
+            cost = best[i] + weight * batch * (seq_len - p) + engine.BLOCK_CALL_COST * _blocks(
+                hist, depth, cap(p))
+            if cost < best[k]:
+                best[k], split[k] = cost, i
+    runs, k = [], len(positions)
+    while k > 0:
+        runs.append((k, split[k]))
+        k = split[k]
+    return runs[::-1]
+
+
+def _blocks(hist: list[int], depth: list[int], cap: int) -> int:
+    """Block calls of the units ``hist`` (per join layer) in batches of ``cap``, layer order:
+    each batch runs from its first unit's join layer."""
+    total, seen, boundary = 0, 0, 0
+    for layer, n in enumerate(hist):
+        seen += n
+        while boundary < seen:  # a batch starts at unit ``boundary``, which joins here
+            total += depth[layer]
+            boundary += cap
+    return total
 
 
 def _staircase() -> bool:
