@@ -745,6 +745,7 @@ class PrefixKV:
     def __init__(self, model: Any, keys: list[Tensor], values: list[Tensor]) -> None:
         self.hooked = is_hooked_transformer(model)
         self.config = None if self.hooked else hf_model_of(model).config
+        self.n_layers = int(model.cfg.n_layers)  # keys/values may stop earlier (run_with_kv)
         self.keys, self.values = keys, values
 
     def rows(self, rows: slice) -> PrefixKV:
@@ -759,15 +760,21 @@ class PrefixKV:
         batch (copy-major, like the stacked patch batches); a sequence gives each layer its
         own number of copies (0: the layer is not run; it still holds one copy, because
         transformers reads the cached length off layer 0)."""
-        per_layer = [copies] * len(self.keys) if isinstance(copies, int) else list(copies)
+        per_layer = [copies] * self.n_layers if isinstance(copies, int) else list(copies)
+        # a run recorded up to some block: the layers after it hold a placeholder (0 copies),
+        # never read, because the runs that use this cache stop there too
+        recorded = len(self.keys)
+        per_layer[recorded:] = [0] * (self.n_layers - recorded)
+        keys = self.keys + [self.keys[-1]] * (self.n_layers - recorded)
+        values = self.values + [self.values[-1]] * (self.n_layers - recorded)
         if self.hooked:
             return [_FrozenKVEntry(k[:, :first].repeat(c, 1, 1, 1),
                                    v[:, :first].repeat(c, 1, 1, 1))
-                    for k, v, c in zip(self.keys, self.values, per_layer, strict=True)]
+                    for k, v, c in zip(keys, values, per_layer, strict=True)]
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.config)
-        for layer, (k, v, c) in enumerate(zip(self.keys, self.values, per_layer, strict=True)):
+        for layer, (k, v, c) in enumerate(zip(keys, values, per_layer, strict=True)):
             cache.update(k[:, :, :first].repeat(max(c, 1), 1, 1, 1),
                          v[:, :, :first].repeat(max(c, 1), 1, 1, 1), layer)
         return cache
@@ -841,32 +848,69 @@ def _attention_reads_cache(model: Any) -> Iterator[None]:
 
 
 def run_with_kv(
-    model: Any, tokens: Int[Tensor, "batch pos"], names: Collection[str]
-) -> tuple[Float[Tensor, "batch pos d_vocab"], dict[str, Tensor], PrefixKV | None]:
+    model: Any, tokens: Int[Tensor, "batch pos"], names: Collection[str],
+    last_layer: int | None = None,
+) -> tuple[Float[Tensor, "batch pos d_vocab"] | None, dict[str, Tensor], PrefixKV | None]:
     """One forward: logits, the activations ``names`` and (where supported) every layer's keys
-    and values, for later runs that reuse this run's prefix. Hooks are removed afterwards."""
+    and values, for later runs that reuse this run's prefix. With ``last_layer`` the forward
+    ends after that block (no logits; keys and values of blocks ``0..last_layer`` only, for
+    runs that stop there too). Hooks are removed afterwards."""
     wanted = set(names)
+    stop = last_layer is not None and last_layer < int(model.cfg.n_layers) - 1
+    n_kv = int(model.cfg.n_layers) if not stop else int(last_layer) + 1  # type: ignore[arg-type]
     if not supports_prefix_reuse(model):
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
-        return logits, dict(cache.cache_dict), None
+        logits, acts, _ = _run_capturing(model, tokens, wanted, last_layer if stop else None)
+        return logits, acts, None
     if is_hooked_transformer(model):
         kv_names = _hooked_kv_names(model)
         assert kv_names is not None
+        kv_names = kv_names[:n_kv]
         every = wanted | {n for pair in kv_names for n in pair}
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in every)
-        acts = dict(cache.cache_dict)
+        logits, acts, _ = _run_capturing(model, tokens, every, last_layer if stop else None)
         kv = PrefixKV(model, [acts[k] for k, _ in kv_names], [acts[v] for _, v in kv_names])
         return logits, {n: a for n, a in acts.items() if n in wanted}, kv
     from transformers import DynamicCache
 
     record = DynamicCache(config=hf_model_of(model).config)
     with _attention_reads_cache(model):
-        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted,
-                                             cache=record, use_cache=True)
-    layers = record.layers
-    if len(layers) != int(model.cfg.n_layers) or any(
+        logits, acts, _ = _run_capturing(model, tokens, wanted, last_layer if stop else None,
+                                         cache=record, use_cache=True)
+    layers = record.layers[:n_kv]
+    if len(layers) != n_kv or any(
         x.keys is None or x.keys.shape[2] != tokens.shape[1] for x in layers
     ):  # this model did not record every position (or keeps a window only): no reuse
-        return logits, dict(cache.cache_dict), None
+        return logits, acts, None
     kv = PrefixKV(model, [x.keys for x in layers], [x.values for x in layers])
-    return logits, dict(cache.cache_dict), kv
+    return logits, acts, kv
+
+
+def _run_capturing(
+    model: Any, tokens: Tensor, names: set[str], last_layer: int | None, **kwargs: Any
+) -> tuple[Tensor | None, dict[str, Tensor], None]:
+    """A forward keeping the activations ``names``; with ``last_layer``, ending after that
+    block's output (logits None). Hooks are removed afterwards, also on an error."""
+    if last_layer is None:
+        logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, **kwargs)
+        return logits, dict(cache.cache_dict), None
+    acts: dict[str, Tensor] = {}
+
+    def keep_as(name: str) -> HookFn:  # keyed by the name asked for (hooks have aliases)
+        def keep(act: Tensor, hook: Any) -> None:
+            acts[name] = act.detach()
+
+        return keep
+
+    def stopper(act: Tensor, hook: Any) -> None:
+        raise _StopForward
+
+    hooks = [(n, keep_as(n)) for n in sorted(names)] + [
+        (act_name("resid_post", last_layer), stopper)]
+    try:
+        with model.hooks(fwd_hooks=hooks):
+            model(tokens, **kwargs)
+    except _StopForward:
+        pass
+    missing = sorted(names - set(acts))
+    if missing:
+        raise BadInputError(f"hooks {missing} did not fire before block {last_layer} ended.")
+    return None, acts, None

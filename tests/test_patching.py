@@ -530,3 +530,35 @@ def test_batching_weighs_block_calls_against_recomputed_tokens(llama_tiny):
     assert set(starts[10**9]) == {n}  # every forward from position 0
     assert len(starts[10**9]) < len(starts[0])
     assert (results[0] - results[10**9]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("ablation", [None, "position_mean"])
+def test_a_metric_read_at_layer_0_runs_and_records_nothing_after_it(tiny, ablation):
+    """SinkScore(0) reads block 0 only: the recorded runs and every patched forward end after
+    block 0 (no block-1 hook fires), layer-1 patches get the unpatched value, and layer-0
+    patches equal a full forward per patch with TransformerLens-style hooks."""
+    clean, corrupted = _pair(tiny)
+    fired: list[int] = []
+    with tiny.hooks(fwd_hooks=[("blocks.1.hook_resid_pre",
+                                lambda act, hook: fired.append(act.shape[0]))]):
+        res = activation_patch(tiny, clean, corrupted, "resid_pre", SinkScore(0),
+                               ablation=ablation, direction="noise" if ablation else "denoise")
+    assert fired == []
+    run = clean if ablation else corrupted
+    run_value = res.clean_value if ablation else res.corrupted_value
+    assert (res.values[1] == run_value).all()
+    _, src_cache = tiny.run_with_cache(clean)
+    for pos in range(clean.shape[1]):
+        def hook(act, hook, pos=pos):
+            if ablation:  # the mean over the other positions of the run's own residual
+                others = [q for q in range(act.shape[1]) if q != pos]
+                act[:, pos] = act[:, others].mean(1)
+            else:
+                act[:, pos] = src_cache["blocks.0.hook_resid_pre"][:, pos]
+            return act
+
+        with torch.no_grad(), tiny.hooks(fwd_hooks=[("blocks.0.hook_resid_pre", hook)]):
+            _, c = tiny.run_with_cache(run)
+        pattern = c["blocks.0.attn.hook_pattern"]
+        expected = pattern[:, :, :, 0].mean()  # Gu et al.'s score: every query, self included
+        assert abs(res.values[0, pos].item() - expected.item()) <= 1e-5

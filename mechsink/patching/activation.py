@@ -28,7 +28,7 @@ from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imp
     outputs_on,
     resolve_needs,
 )
-from mechsink.patching.metrics import ALL, Metric, layer_of
+from mechsink.patching.metrics import ALL, Metric
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
@@ -86,7 +86,11 @@ def activation_patch(
                             "batch_mean.")
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     resolved = parsed.resolve(model, clean_t.shape[1])
-    layers = sorted(set(resolved.axis_values()["layer"]))
+    # a patch after the last layer the metric reads leaves it unchanged: such units are not
+    # run, and nothing after that layer is recorded
+    last = engine.last_layer_read(model, engine.prepare_metrics(model, metric,
+                                                                 clean_t.shape[1])[1])
+    layers = sorted(x for x in set(resolved.axis_values()["layer"]) if x <= last)
     site_names = {resolved.hook_name(layer) for layer in layers}
     resid_names = {act_name("resid_pre", layer) for layer in [0, *layers]}
     run_key, src_key = ("corrupted", "clean") if direction == "denoise" else ("clean", "corrupted")
@@ -95,15 +99,19 @@ def activation_patch(
     ref_t = None if abl is None or reference is None else as_tokens(
         model, reference, prepend_bos=prepend_bos)
     with torch.no_grad():
-        s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep)
+        s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep,
+                         last_layer=last)
         checks.check_baselines(s.metrics[0], s.clean_values[0], s.corrupted_values[0],
                                normalize=normalize, dtype=getattr(model.cfg, "dtype", None))
         run = s.corrupted if direction == "denoise" else s.clean
         src = s.clean if direction == "denoise" else s.corrupted
         assert run is not None and src is not None
-        ref_acts = src.acts if ref_t is None else engine.record(model, ref_t, site_names).acts
+        ref_acts = src.acts if ref_t is None else engine.record(model, ref_t, site_names,
+                                                                last).acts
+        unpatched = s.corrupted_values[0] if direction == "denoise" else s.clean_values[0]
+        assert unpatched is not None
         values = _sweep(model, resolved, s, run, src.acts, ref_acts, abl, batch_size,
-                        memory_budget)
+                        memory_budget, unpatched)
 
     clean_value, corr_value = s.clean_values[0], s.corrupted_values[0]
     assert corr_value is not None
@@ -141,7 +149,7 @@ def _chunks(
     """
     reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
     logit_positions = -1 if s.needs.logits == ALL else len(s.needs.logits or ())
-    last = _last_layer(model, s)
+    last = engine.last_layer_read(model, s.needs)
     first = {u: site.first_position(u) if reuse else 0 for u in units}
     groups: dict[int, list[tuple[int, ...]]] = {}
     for u in units:
@@ -220,30 +228,24 @@ def _staircase() -> bool:
     return SPEEDUPS["staircase"] and SPEEDUPS["start_at_patched_layer"]
 
 
-def _last_layer(model: Any, s: engine.Setup) -> int:
-    """The last block a patched forward runs: the last the metrics read (all with logits)."""
-    n_layers = int(model.cfg.n_layers)
-    if s.needs.logits is not None:
-        return n_layers - 1
-    layers = [layer_of(h) for h in s.needs.hooks]
-    return max([x for x in layers if x is not None], default=n_layers - 1)
-
-
 def _sweep(
     model: Any, site: Site, s: engine.Setup, run: engine.Run, sources: dict[str, Tensor],
     reference: dict[str, Tensor], abl: Ablation | None, batch_size: int | None,
-    memory_budget: int | None,
+    memory_budget: int | None, unpatched: Tensor,
 ) -> Tensor:
-    """One value per unit of ``site``, in the site's axis layout."""
+    """One value per unit of ``site``, in the site's axis layout; a unit after the last layer
+    the metrics read gets ``unpatched`` (the run input's value) without a forward."""
     axis_vals = site.axis_values()
     shape = tuple(len(v) for v in axis_vals.values())
     index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
     cell = {u: tuple(w[x] for w, x in zip(index_of, u, strict=True)) for u in site.patches()}
     pos_dim = 1 if site.family == "pattern" else 0  # position axis of one unit's mask
-    got: dict[tuple[int, ...], Tensor] = {}
+    last = engine.last_layer_read(model, s.needs)
+    got: dict[tuple[int, ...], Tensor] = {u: unpatched for u in cell if u[0] > last}
     with engine.progress(len(cell), f"patching {site.label}") as bar:
-        for first, chunk in _chunks(model, site, list(site.patches()), s, batch_size,
-                                    memory_budget):
+        bar.update(len(got))
+        for first, chunk in _chunks(model, site, [u for u in cell if u[0] <= last], s,
+                                    batch_size, memory_budget):
             layers = [u[0] for u in chunk]
             start = layers[0] if SPEEDUPS["start_at_patched_layer"] else 0
             joins = layers if _staircase() else None

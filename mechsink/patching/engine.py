@@ -125,6 +125,16 @@ def resolve_needs(model: Any, metric: Metric, seq_len: int) -> Needs:
     return needs
 
 
+def last_layer_read(model: Any, needs: Needs) -> int:
+    """The last block a patched forward must run for metrics with ``needs``: the last layer
+    they read a hook of, or the last block when they read logits."""
+    n_layers = int(model.cfg.n_layers)
+    if needs.logits is not None:
+        return n_layers - 1
+    layers = [layer_of(h) for h in needs.hooks]
+    return max([x for x in layers if x is not None], default=n_layers - 1)
+
+
 def final_resid(model: Any) -> str:
     """The hook of the last block's output (what the final norm and unembedding read)."""
     return act_name("resid_post", int(model.cfg.n_layers) - 1)
@@ -135,7 +145,7 @@ class Run:
     """One recorded forward of an input: logits, the activations asked for, keys/values."""
 
     tokens: Int[Tensor, "batch pos"]
-    logits: Tensor
+    logits: Tensor | None  # None: recorded up to a block before the last (see record)
     acts: dict[str, Tensor]
     kv: PrefixKV | None
 
@@ -148,24 +158,27 @@ class Run:
         return int(self.tokens.shape[1])
 
 
-def record(model: Any, tokens: Tensor, names: Iterable[str]) -> Run:
-    """Run ``tokens`` once, keeping ``names`` and every layer's keys/values."""
-    logits, acts, kv = run_with_kv(model, tokens, set(names))
+def record(model: Any, tokens: Tensor, names: Iterable[str],
+           last_layer: int | None = None) -> Run:
+    """Run ``tokens`` once, keeping ``names`` and every layer's keys/values (with
+    ``last_layer``: up to that block only, for patched runs that stop there too)."""
+    logits, acts, kv = run_with_kv(model, tokens, set(names), last_layer)
     return Run(tokens, logits, acts, kv)
 
 
 def record_pair(model: Any, first: Tensor, second: Tensor, first_names: Iterable[str],
-                second_names: Iterable[str]) -> tuple[Run, Run]:
+                second_names: Iterable[str], last_layer: int | None = None) -> tuple[Run, Run]:
     """:func:`record` of two inputs of one shape in one forward (stacked along the batch): a
     short prompt's forward costs about what its weights take to read, so two cost about one."""
     a, b = set(first_names), set(second_names)
-    logits, acts, kv = run_with_kv(model, torch.cat([first, second]), a | b)
+    logits, acts, kv = run_with_kv(model, torch.cat([first, second]), a | b, last_layer)
     n = int(first.shape[0])
 
     def part(rows: slice, names: set[str], other: set[str]) -> Run:
         # a slice of a name only this run keeps is copied (it would hold both runs' storage)
         kept = {k: acts[k][rows] if k in other else acts[k][rows].clone() for k in names}
-        return Run(first if rows.start == 0 else second, logits[rows], kept,
+        return Run(first if rows.start == 0 else second,
+                   None if logits is None else logits[rows], kept,
                    None if kv is None else kv.rows(rows))
 
     return part(slice(0, n), a, b), part(slice(n, None), b, a)
@@ -239,10 +252,12 @@ def setup(
     *,
     prepend_bos: bool = True,
     keep: dict[str, set[str]] | None = None,
+    last_layer: int | None = None,
 ) -> Setup:
     """Check the inputs, record the clean (and corrupted) run, bind the metrics to the clean
     run and evaluate them on both. ``keep`` names extra activations to record per input
-    (``{"clean": {...}, "corrupted": {...}}``)."""
+    (``{"clean": {...}, "corrupted": {...}}``); ``last_layer`` ends the recorded runs after
+    that block (every patched run must stop there too: see :func:`last_layer_read`)."""
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
     if corr_t is not None:
@@ -254,9 +269,10 @@ def setup(
         clean_names = base | keep.get("clean", set())
         corr_names = base | keep.get("corrupted", set())
         if corr_t is None:
-            clean_run, corr_run = record(model, clean_t, clean_names), None
+            clean_run, corr_run = record(model, clean_t, clean_names, last_layer), None
         else:
-            clean_run, corr_run = record_pair(model, clean_t, corr_t, clean_names, corr_names)
+            clean_run, corr_run = record_pair(model, clean_t, corr_t, clean_names, corr_names,
+                                              last_layer)
         clean_out = outputs_of(model, clean_run, needs)
         ms = tuple(m.bind(clean_out) for m in ms)
         clean_values = tuple(check_value(m(clean_out), "on the clean run", m) for m in ms)

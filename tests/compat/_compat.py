@@ -224,6 +224,8 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
         # one patch per forward: each starts at its own position, reading the prefix's K/V
         "activation_patch resid_pre by position (prefix reuse)": patch("resid_pre",
                                                                        batch_size=1),
+        # the metric reads block 0: the recorded runs and the patched ones end after it
+        "activation_patch resid_pre, sink at layer 0": patch("resid_pre", SinkScore(0, 0)),
         "activation_patch resid_mid, logit diff": patch("resid_mid", diff),
         "activation_patch attn_out / mlp_out": lambda: {
             **{f"attn.{k}": v for k, v in patch("attn_out")().items()},
