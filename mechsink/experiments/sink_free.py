@@ -95,7 +95,7 @@ def spread(values: list[float]) -> dict[str, float]:
 
 def run(*, work_dir: str | Path, recipes: Sequence[str] = ("bb-llama-tiny", "text-llama-tiny"),
         variants: Sequence[str] = ATTENTION_VARIANTS, seeds: Sequence[int] = (0, 1, 2),
-        steps: Sequence[int] = (400, 150), eps: float = DEFAULT_EPS) -> ExperimentResult:
+        steps: Sequence[int] = (6000, 150), eps: float = DEFAULT_EPS) -> ExperimentResult:
     """Train plain attention and each variant for each seed under ``work_dir/runs`` (resumed
     when already there); ``steps`` gives one length per recipe (or one for all)."""
     steps = list(steps)
