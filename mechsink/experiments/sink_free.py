@@ -38,6 +38,7 @@ from mechsink.variants import ATTENTION_VARIANTS
 FIGURE = "sink_free.png"
 SCHEMA = "mechsink-sink-free/1"
 HELD_OUT_SEED = 10_000  # data seed of the measurement batch: never seen in training
+HELD_OUT_SEQUENCES = 32
 PLAIN = "softmax"
 METRICS = {  # key in a timeline point -> column title
     "final_loss": "final loss",
@@ -75,7 +76,7 @@ def run_arm(recipe: str, variant: str, seed: int, steps: int, work_dir: Path,
     if not run_file.is_file() or json.loads(run_file.read_text())["checkpoints"][-1] != steps:
         train(name, folder, steps=steps, seed=seed, resume=folder.exists(), progress=False)
     r = get_recipe(name)
-    tokens = r.task().batch(HELD_OUT_SEED, 0, 32, r.seq_len)
+    tokens = r.task().batch(HELD_OUT_SEED, 0, HELD_OUT_SEQUENCES, r.seq_len)
     run = json.loads(run_file.read_text())
     timeline = [vars(p) for p in sink_timeline(folder, tokens, eps=eps)]
     arm = {"variant": variant, "seed": seed, "losses": run["losses"],
@@ -128,10 +129,13 @@ def summary(result: dict[str, Any]) -> str:
     lines = ["# Sink-free attention variants, twin organisms", "",
              f"Seeds {result['seeds']} (each seed: the same initialisation of the shared weights "
              "and the same batches in every arm). Measured at the last checkpoint on a held-out "
-             f"batch (data seed {result['held_out_seed']}); sink rate: share of (layer, head) "
-             f"with mean sink score at key 0 over queries i > 0 above {result['eps']}. For "
-             "sigmoid attention (no normalisation over keys) the sink score is the head's share "
-             "of output mass on key 0.", ""]
+             f"batch (data seed {result['held_out_seed']}) of {HELD_OUT_SEQUENCES} sequences. "
+             "Sink score: the "
+             "attention on key 0 averaged over queries i > 0; sink rate: the share of (sequence, "
+             f"layer, head) whose score is above {result['eps']}; largest sink score: the "
+             "largest (layer, head) score averaged over sequences. For sigmoid attention (no "
+             "normalisation over keys) the sink score is the head's share of output mass on "
+             "key 0.", ""]
     for recipe, task in result["tasks"].items():
         lines += [f"## {recipe} ({task['data']}), {task['steps']} steps", "",
                   "| arm | " + " | ".join(METRICS.values()) + " |",
