@@ -2,10 +2,13 @@
 
 Methods: token preference on random input across families, depths and init schemes; the
 contraction direction across seeds and inputs; SeedPrint between organisms that share or do not
-share an initialisation. The computation is :func:`mechsink.experiments.seedprint.run`; the
+share an initialisation; SeedPrint's threshold calibrated on a null of independent
+initialisations trained on the same data, with false-positive and false-negative rates on
+held-out organisms. The computation is :func:`mechsink.experiments.seedprint.run`; the
 organisms are trained under OUT/runs.
 
-    python circuits/seedprint.py --out runs/seedprint [--steps 200]
+    python circuits/seedprint.py --out runs/seedprint [--steps 200] [--null-inits 6]
+        [--held-out-inits 4] [--alpha 0.01]
 """
 
 from __future__ import annotations
@@ -25,10 +28,18 @@ def main() -> None:
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--n", type=int, default=64)
     parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--null-inits", type=int, default=6,
+                        help="independent initialisations trained on one data order (the null)")
+    parser.add_argument("--held-out-inits", type=int, default=4,
+                        help="initialisations each trained on two data orders (the test pairs)")
+    parser.add_argument("--alpha", type=float, default=0.01,
+                        help="false-positive rate the calibrated threshold aims for")
     args = parser.parse_args()
 
     result = seedprint.run(work_dir=args.out, recipe=args.recipe, steps=args.steps,
-                           size=args.size, depths=args.depths, n=args.n, k=args.k)
+                           size=args.size, depths=args.depths, n=args.n, k=args.k,
+                           null_inits=args.null_inits, held_out_inits=args.held_out_inits,
+                           alpha=args.alpha)
     result.save(args.out)
     print(result.summary())
 
