@@ -859,22 +859,22 @@ def run_with_kv(
     stop = last_layer is not None and last_layer < int(model.cfg.n_layers) - 1
     n_kv = int(model.cfg.n_layers) if not stop else int(last_layer) + 1  # type: ignore[arg-type]
     if not supports_prefix_reuse(model):
-        logits, acts, _ = _run_capturing(model, tokens, wanted, last_layer if stop else None)
+        logits, acts = _run_capturing(model, tokens, wanted, last_layer if stop else None)
         return logits, acts, None
     if is_hooked_transformer(model):
         kv_names = _hooked_kv_names(model)
         assert kv_names is not None
         kv_names = kv_names[:n_kv]
         every = wanted | {n for pair in kv_names for n in pair}
-        logits, acts, _ = _run_capturing(model, tokens, every, last_layer if stop else None)
+        logits, acts = _run_capturing(model, tokens, every, last_layer if stop else None)
         kv = PrefixKV(model, [acts[k] for k, _ in kv_names], [acts[v] for _, v in kv_names])
         return logits, {n: a for n, a in acts.items() if n in wanted}, kv
     from transformers import DynamicCache
 
     record = DynamicCache(config=hf_model_of(model).config)
     with _attention_reads_cache(model):
-        logits, acts, _ = _run_capturing(model, tokens, wanted, last_layer if stop else None,
-                                         cache=record, use_cache=True)
+        logits, acts = _run_capturing(model, tokens, wanted, last_layer if stop else None,
+                                      cache=record, use_cache=True)
     layers = record.layers[:n_kv]
     if len(layers) != n_kv or any(
         x.keys is None or x.keys.shape[2] != tokens.shape[1] for x in layers
@@ -886,12 +886,12 @@ def run_with_kv(
 
 def _run_capturing(
     model: Any, tokens: Tensor, names: set[str], last_layer: int | None, **kwargs: Any
-) -> tuple[Tensor | None, dict[str, Tensor], None]:
+) -> tuple[Tensor | None, dict[str, Tensor]]:
     """A forward keeping the activations ``names``; with ``last_layer``, ending after that
     block's output (logits None). Hooks are removed afterwards, also on an error."""
     if last_layer is None:
         logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names, **kwargs)
-        return logits, dict(cache.cache_dict), None
+        return logits, dict(cache.cache_dict)
     acts: dict[str, Tensor] = {}
 
     def keep_as(name: str) -> HookFn:  # keyed by the name asked for (hooks have aliases)
@@ -913,4 +913,4 @@ def _run_capturing(
     missing = sorted(names - set(acts))
     if missing:
         raise BadInputError(f"hooks {missing} did not fire before block {last_layer} ended.")
-    return None, acts, None
+    return None, acts

@@ -167,10 +167,10 @@ def _chunks(
         for u in group:
             by_pos.setdefault(first[u], []).append(u)
         positions = sorted(by_pos, reverse=True)
-        counts = [[0] * (last + 2) for _ in positions]  # units per join layer (last+1: later)
+        counts = [[0] * (last + 1) for _ in positions]  # units per join layer
         for k, p in enumerate(positions):
             for u in by_pos[p]:
-                counts[k][min(u[0], last + 1)] += 1
+                counts[k][u[0]] += 1
         for k, i in _segments(positions, counts, last, s.seq_len, s.batch, cap):
             ordered = sorted((u for q in positions[i:k] for u in by_pos[q]), key=lambda v: v[0])
             c = cap(positions[k - 1])
@@ -184,13 +184,13 @@ def _segments(positions: list[int], counts: list[list[int]], last: int, seq_len:
     computed from its earliest position ``positions[k-1]``: dynamic programming over the
     cost of :func:`_chunks` (``counts[k][layer]``: units of position ``k`` joining there).
     Returned as ``(k, i)`` pairs, latest run first."""
-    depth = [max(0, last + 1 - layer) for layer in range(last + 2)]  # blocks a unit runs
+    depth = [last + 1 - layer for layer in range(last + 1)]  # blocks a unit runs
     own = [sum(n * d for n, d in zip(row, depth, strict=True)) * (seq_len - p)
            for row, p in zip(counts, positions, strict=True)]
     best, split = [0.0], [0]
     for k in range(1, len(positions) + 1):
         p = positions[k - 1]
-        hist = [0] * (last + 2)
+        hist = [0] * (last + 1)
         weight = needed = 0.0
         best.append(float("inf"))
         split.append(k - 1)
