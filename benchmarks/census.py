@@ -30,7 +30,7 @@ def main() -> int:
     parser.add_argument("extra", nargs="*", help="more `mechsink scan` options, after --")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="mechsink-bench-census-"))
-    cmd = [sys.executable, "-c", "from mechsink.cli import app; app()", "scan", args.model,
+    cmd = [sys.executable, "-c", "from mechsink.app.cli import app; app()", "scan", args.model,
            "--out", str(out), "--device", args.device, *args.extra]
     start = time.perf_counter()
     proc = subprocess.run(cmd, check=False)

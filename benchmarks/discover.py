@@ -27,9 +27,9 @@ import torch
 
 from mechsink import load_model
 from mechsink.discover import GraphRun, eap, eap_ig, spearman
+from mechsink.inputs.prompts import make_prompts
 from mechsink.io import atomic_write_json
 from mechsink.patching import KLToClean
-from mechsink.prompts import make_prompts
 
 
 def say(text: str) -> None:

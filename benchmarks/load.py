@@ -33,7 +33,7 @@ for name in ("torch", "transformers", "transformer_lens.model_bridge", "mechsink
     now = time.perf_counter()
     phases["import " + name] = now - t
     t = now
-import mechsink.bridge, mechsink.zoo, transformers
+import mechsink.model.bridge, mechsink.model.zoo, transformers
 
 stack = [0.0]  # time spent in timed calls nested in the current one (phases are exclusive)
 
@@ -54,8 +54,8 @@ def timed(label, fn):
 for cls, label in ((transformers.AutoModelForCausalLM, "from_pretrained (model)"),
                    (transformers.AutoTokenizer, "tokenizer")):
     cls.from_pretrained = timed(label, cls.from_pretrained.__func__).__get__(cls)
-wrapped = timed("bridge (wrap_hf, less the tokenizer)", mechsink.bridge.wrap_hf)
-for mod in (mechsink.bridge, mechsink.zoo):
+wrapped = timed("bridge (wrap_hf, less the tokenizer)", mechsink.model.bridge.wrap_hf)
+for mod in (mechsink.model.bridge, mechsink.model.zoo):
     if hasattr(mod, "wrap_hf"):
         setattr(mod, "wrap_hf", wrapped)
 t1 = time.perf_counter()
@@ -82,7 +82,7 @@ def main() -> None:
     parser.add_argument("--warm-only", action="store_true", help="skip the cold loads")
     args = parser.parse_args()
 
-    from mechsink import assets
+    from mechsink.model import assets
 
     real_cache = assets.cache_dir()
     run_child(args.model, real_cache)  # make sure the GGUF is downloaded and the warm cache exists

@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from mechsink import load_model
-from mechsink.bridge import to_tokens
-from mechsink.zoo import _converted_dir, random_hf_model
+from mechsink.model import to_tokens
+from mechsink.model.zoo import _converted_dir, random_hf_model
 
 TEXT = "Attention sinks appear in nearly every language model, at position zero. " * 3
 

@@ -32,7 +32,7 @@ import torch
 import transformer_lens.patching as tlp
 
 from mechsink import load_model
-from mechsink.bridge import act_name, run_from_layer, to_tokens, unembed
+from mechsink.model import act_name, run_from_layer, to_tokens, unembed
 from mechsink.patching import (
     LogitDiff,
     MassiveValue,
@@ -198,8 +198,8 @@ def main() -> None:
               f"efficiency {best / t_ms:.2f} max|diff| {diff:.1e}", flush=True)
 
     # --- the P0-sink path patches ---
-    from mechsink.prompts import make_prompts
-    from mechsink.readout import dominant_super_neuron
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.interventions.readout import dominant_super_neuron
 
     tokens = make_prompts(model, "natural", "bos", n=args.p0_n, seq_len=args.p0_seq_len).tokens
     sn = dominant_super_neuron(model, tokens)

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mechsink.sweep import run_sweep
+from mechsink.app.sweep import run_sweep
 
 
 def merged(out: Path) -> dict[str, bytes]:

@@ -16,8 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from mechsink.training import get_recipe, lr_at, train_step
-from mechsink.zoo import seeded_model
+from mechsink.model.zoo import seeded_model
+from mechsink.training.loop import get_recipe, lr_at, train_step
 
 
 def plain_loop(model, optimizer, batches, lrs) -> list[float]:

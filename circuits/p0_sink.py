@@ -20,8 +20,8 @@ import argparse
 from pathlib import Path
 
 from mechsink import load_model
-from mechsink.chain import DEFAULT_DOSES
 from mechsink.experiments import p0_sink
+from mechsink.interventions.chain import DEFAULT_DOSES
 
 
 def main() -> None:

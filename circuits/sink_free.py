@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 
 from mechsink.experiments import sink_free
-from mechsink.variants import ATTENTION_VARIANTS
+from mechsink.model.variants import ATTENTION_VARIANTS
 
 
 def main() -> None:

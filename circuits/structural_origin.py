@@ -19,8 +19,8 @@ import argparse
 from pathlib import Path
 
 from mechsink import load_model
-from mechsink.chain import DEFAULT_DOSES
 from mechsink.experiments import structural_origin
+from mechsink.interventions.chain import DEFAULT_DOSES
 
 
 def main() -> None:

@@ -1,6 +1,5 @@
 """mechsink: measure, trace and intervene on attention sinks, built on TransformerLens."""
 
-from mechsink.bridge import wrap
 from mechsink.errors import (
     AssetError,
     BadInputError,
@@ -8,7 +7,7 @@ from mechsink.errors import (
     MissingDependencyError,
     UnknownModelError,
 )
-from mechsink.zoo import list_models, load_model, save_organism
+from mechsink.model import list_models, load_model, save_organism, wrap
 
 __version__ = "0.1.0"
 

@@ -30,8 +30,8 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
-from mechsink.bridge import _get_act_name, act_name, n_kv_heads
 from mechsink.errors import BadInputError
+from mechsink.model.bridge import _get_act_name, act_name, n_kv_heads
 
 
 class MechsinkDeprecationWarning(DeprecationWarning):
@@ -332,7 +332,7 @@ def _parse_str(text: str) -> Name:
 
 
 def act_name_tl(name: str, layer: Any = None, layer_type: Any = None) -> str:
-    """TransformerLens's ``get_act_name`` itself (found by :mod:`mechsink.bridge`)."""
+    """TransformerLens's ``get_act_name`` itself (found by :mod:`mechsink.model.bridge`)."""
     return _get_act_name()(name, layer, layer_type)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechsink.ablation import Ablation, as_ablation
 from mechsink.errors import BadInputError
+from mechsink.interventions.ablation import Ablation, as_ablation
 
 # batch 2, pos 3, d 1: small enough to write every mean out by hand
 ACT = torch.tensor([[[1.0], [2.0], [6.0]], [[3.0], [4.0], [8.0]]])

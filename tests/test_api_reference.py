@@ -14,8 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: packages whose ``__all__`` is public, and modules whose every public name is
 PACKAGES = ["mechsink", "mechsink.patching", "mechsink.viz", "mechsink.discover"]
 MODULES = [
-    "mechsink.probe", "mechsink.readout", "mechsink.ablation", "mechsink.interventions",
-    "mechsink.census", "mechsink.prompts", "mechsink.progress", "mechsink.chain",
+    "mechsink.interventions.readout", "mechsink.interventions.ablation",
+    "mechsink.interventions.edits", "mechsink.measure.census", "mechsink.inputs.prompts",
+    "mechsink.progress", "mechsink.interventions.chain",
     "mechsink.errors", "mechsink.measure.sinks", "mechsink.measure.massive",
     "mechsink.measure.super_neurons", "mechsink.measure.norms", "mechsink.measure.variance",
     "mechsink.measure.keys", "mechsink.viz.patching", "mechsink.viz.attention",
@@ -64,8 +65,8 @@ def test_every_public_function_is_in_the_api_reference() -> None:
             if not covered(name, attr, obj):
                 missing.append(f"{name}.{attr}")
     assert missing == [], f"add these to a page under docs/api: {missing}"
-    for must in ("mechsink.probe", "mechsink.readout", "mechsink.bridge.wrap_hf"):
-        assert must in named  # the three the first notebook user could not find
+    for must in ("mechsink.interventions.readout", "mechsink.model.bridge.wrap_hf"):
+        assert must in named  # what the first notebook user could not find
 
 
 # a placeholder folder (out_dir/census.json, OUT/run.json) is not a file of the repository

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from mechsink import assets, io
-from mechsink.assets import Asset
+from mechsink import io
 from mechsink.errors import AssetError
+from mechsink.model import assets
+from mechsink.model.assets import Asset
 
 PAYLOAD = b"attention sinks live at position 0\n" * 1000
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechsink.bridge import architecture_summary, to_tokens
 from mechsink.errors import BadInputError
+from mechsink.model import architecture_summary, to_tokens
 
 
 def test_prepend_bos_is_explicit(gpt2_tiny):
@@ -49,7 +49,7 @@ def test_prefix_run_equals_the_full_forward(request, name):
     rotary, GQA)."""
     import torch
 
-    from mechsink.bridge import act_name, run_from_layer, run_with_kv
+    from mechsink.model import act_name, run_from_layer, run_with_kv
 
     model = request.getfixturevalue(name)
     tokens = to_tokens(model, ["When Mary and John went to the", "The cat sat on the mat in"],
@@ -77,7 +77,7 @@ def test_prefix_run_equals_the_full_forward(request, name):
 def test_check_tokens(gpt2_tiny):
     import torch
 
-    from mechsink.bridge import check_tokens
+    from mechsink.model import check_tokens
 
     check_tokens(gpt2_tiny, torch.tensor([[0, 50256]]))
     with pytest.raises(BadInputError, match="token id 50257 is outside"):
@@ -93,7 +93,7 @@ def test_prefix_run_on_gemma_sliding_and_global_layers():
     import torch
 
     from mechsink import load_model
-    from mechsink.bridge import act_name, run_from_layer, run_with_kv
+    from mechsink.model import act_name, run_from_layer, run_with_kv
 
     model = load_model("gemma3-270m", device="cpu")
     tokens = to_tokens(model, ["When Mary and John went to the store, John", "The cat sat on "
@@ -117,8 +117,8 @@ def test_wrap_takes_a_transformers_model_and_keeps_its_numbers():
     """wrap() of a transformers causal LM gives a bridge whose logits are the plain model's, and
     that the patching and census entry points accept."""
     import mechsink
+    from mechsink.model.zoo import random_hf_model
     from mechsink.patching import SinkScore, activation_patch
-    from mechsink.zoo import random_hf_model
 
     hf, tok = random_hf_model("llama-tiny", seed=3)
     tokens = torch.randint(0, 50000, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -151,8 +151,8 @@ def test_wrap_hf_without_tokenizer_never_touches_the_network(monkeypatch):
 
     import huggingface_hub.constants
 
-    from mechsink.bridge import wrap_hf
-    from mechsink.zoo import random_hf_model
+    from mechsink.model import wrap_hf
+    from mechsink.model.zoo import random_hf_model
 
     attempts: list[str] = []
 

@@ -8,11 +8,11 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from mechsink.census import SCHEMA, census, census_json, read_census, write_census
-from mechsink.cli import app
+from mechsink.app.cli import app
 from mechsink.errors import BadInputError
+from mechsink.inputs.prompts import make_prompts, prompts_from_tokens
+from mechsink.measure.census import SCHEMA, census, census_json, read_census, write_census
 from mechsink.measure.sinks import sink_scores
-from mechsink.prompts import make_prompts, prompts_from_tokens
 
 SMALL = dict(suites=("random", "repeated"), variants=("bos", "randfirst"), n=3, seq_len=8,
              batch_size=2)

@@ -1,4 +1,4 @@
-"""mechsink.chain on a two-layer Llama whose weights are set by hand.
+"""mechsink.interventions.chain on a two-layer Llama whose weights are set by hand.
 
 The planted circuit: token 1 ("BOS") carries a detector channel; three MLP-0 neurons read it and
 write channel 2 at position 0 (shares 70%, 27%, 3% of the write), and head 0 of layer 1 reads
@@ -13,12 +13,12 @@ import math
 import pytest
 import torch
 
-from mechsink import chain
-from mechsink.bridge import act_name, down_projection, wrap_hf
 from mechsink.errors import BadInputError
-from mechsink.interventions import applied
+from mechsink.interventions import chain
+from mechsink.interventions.edits import applied
 from mechsink.measure import super_neuron_sets
 from mechsink.measure._cache import hook_names
+from mechsink.model import act_name, down_projection, wrap_hf
 
 D, HD, N_POS = 16, 8, 16
 CONST, DET, MASSIVE, BULK = 0, 1, 2, 15
@@ -34,7 +34,7 @@ EPS_NORM = 1e-6
 def _build():
     from transformers import LlamaConfig
 
-    from mechsink.zoo import gpt2_tokenizer, seeded_model
+    from mechsink.model.zoo import gpt2_tokenizer, seeded_model
 
     cfg = LlamaConfig(num_hidden_layers=2, hidden_size=D, num_attention_heads=2,
                       num_key_value_heads=2, intermediate_size=8, vocab_size=50257,
@@ -252,8 +252,8 @@ def test_bad_input_is_refused_before_work(planted, tokens):
 def test_smollm2_complete_set_has_several_neurons_and_its_removal_moves_the_sink(smollm2):
     """SmolLM2's massive channel 507 appears in block 11 (measured: 29 -> 24,900 at position 0),
     written by more than one neuron; removing the whole set lowers Gu's sink rate."""
-    from mechsink.prompts import make_prompts
-    from mechsink.readout import massive_channel_sets
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.interventions.readout import massive_channel_sets
 
     tokens = make_prompts(smollm2, "natural", "bos", n=4, seq_len=32).tokens
     found = massive_channel_sets(smollm2, tokens)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mechsink.circuit_search import minimal_circuit, single_effects
+from mechsink.discover.node_search import minimal_circuit, single_effects
 
 
 def planted(ablated: frozenset) -> float:

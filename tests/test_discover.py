@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 
-from mechsink.bridge import act_name
 from mechsink.discover import (
     Graph,
     GraphRun,
@@ -21,6 +20,7 @@ from mechsink.discover import (
     node_circuit_edges,
 )
 from mechsink.errors import BadInputError
+from mechsink.model import act_name
 from mechsink.patching import LogitDiff, MassiveValue, SinkScore, path_patch
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from mechsink.cli import app
+from mechsink.app.cli import app
 from mechsink.experiments import ExperimentResult, get_experiment, p0_edges
 
 
@@ -89,8 +89,8 @@ def test_gemma_head_writes_add_up_and_exact_edges_match_path_patch() -> None:
     writes (each scaled by the run's norm scale) add up to the block's write, and edges out of
     the embedding and MLPs equal path_patch."""
     from mechsink import load_model
-    from mechsink.bridge import act_name
     from mechsink.discover import GraphRun, graph_mode
+    from mechsink.model import act_name
     from mechsink.patching import SinkScore
 
     model = load_model("gemma3-270m", device="cpu")

@@ -26,7 +26,6 @@ import math
 import pytest
 import torch
 
-from mechsink.bridge import hf_model_of
 from mechsink.discover import (
     GraphRun,
     curve,
@@ -39,6 +38,7 @@ from mechsink.discover import (
     greedy,
     top_n,
 )
+from mechsink.model import hf_model_of
 from mechsink.patching import MassiveValue
 
 K, D, DH, SEQ = 1000.0, 64, 16, 6

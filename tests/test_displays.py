@@ -12,12 +12,12 @@ import torch
 
 import mechsink.viz
 from mechsink import progress
-from mechsink.bridge import act_name, to_tokens
-from mechsink.census import census
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
+from mechsink.inputs.prompts import make_prompts
+from mechsink.measure.census import census
+from mechsink.model import act_name, to_tokens
 from mechsink.patching import activation_patch
-from mechsink.prompts import make_prompts
 from mechsink.viz.attention import external_scripts
 
 CLEAN = "When Mary and John went"

@@ -161,7 +161,7 @@ def test_fmt_and_path_table() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_census(llama_tiny) -> dict:
-    from mechsink.census import census
+    from mechsink.measure.census import census
 
     return census(llama_tiny, n=2, seq_len=12, model_name="random:llama-tiny").to_dict()
 

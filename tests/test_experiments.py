@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from mechsink.cli import app
+from mechsink.app.cli import app
 from mechsink.errors import BadInputError
 from mechsink.experiments import EXPERIMENTS, ExperimentResult, get_experiment
 

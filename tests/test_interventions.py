@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechsink.bridge import to_tokens
 from mechsink.errors import BadInputError
-from mechsink.interventions import (
+from mechsink.interventions.edits import (
     Intervention,
     ablate,
     applied,
@@ -16,6 +15,7 @@ from mechsink.interventions import (
     rotate_keys,
     scale_tokens,
 )
+from mechsink.model import to_tokens
 
 TEXT = "Interventions move the sink: mask edits, norm scaling, ablations of heads."
 
@@ -109,7 +109,7 @@ def test_bad_arguments_are_clear_errors(model):
 
 
 def test_first_token_manipulations():
-    from mechsink.interventions import remove_bos, replace_first, shift_to_first
+    from mechsink.interventions.edits import remove_bos, replace_first, shift_to_first
 
     tokens = torch.tensor([[9, 1, 2, 3], [9, 4, 5, 6]])
     assert remove_bos(tokens, 9).tolist() == [[1, 2, 3], [4, 5, 6]]

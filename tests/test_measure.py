@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mechsink.bridge import down_projection, head_output_weights
 from mechsink.errors import BadInputError
+from mechsink.inputs.prompts import make_prompts
 from mechsink.measure import (
     MassiveReport,
     MlpSpikes,
@@ -25,7 +25,7 @@ from mechsink.measure import (
 )
 from mechsink.measure.massive import abs_median, layer_magnitudes
 from mechsink.measure.variance import VarianceStats
-from mechsink.prompts import make_prompts
+from mechsink.model import down_projection, head_output_weights
 
 MODELS = ["gpt2_tiny", "llama_tiny"]
 SPECS = {"gpt2_tiny": "gpt2-tiny", "llama_tiny": "llama-tiny"}  # conftest fixtures use seed 0
@@ -51,7 +51,7 @@ def test_sink_scores_match_transformers_attentions(fixture, request):
     tokens = make_prompts(model, "random", "bos", n=3, seq_len=12, seed=1).tokens
     scores = sink_scores(_cache(model, tokens, ["attn.hook_pattern"]), eps=0.3)
     # Independent: a plain transformers model built from the same seed (no bridge, no hooks).
-    from mechsink.zoo import random_hf_model
+    from mechsink.model.zoo import random_hf_model
 
     plain, _ = random_hf_model(SPECS[fixture], seed=0)
     with torch.no_grad():

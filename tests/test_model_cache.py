@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from mechsink import zoo
-from mechsink.zoo import ZooEntry, conversion_problem, load_model, random_hf_model
+from mechsink.model import zoo
+from mechsink.model.zoo import ZooEntry, conversion_problem, load_model, random_hf_model
 
 NAME = "fake-tiny"
 TOKENS = torch.tensor([[50256, 464, 3139, 286, 4881, 318, 6342]])
@@ -154,7 +154,7 @@ def test_models_does_not_list_a_broken_conversion_as_cached(fake):
 def test_models_verify_command(fake):
     from typer.testing import CliRunner
 
-    from mechsink.cli import app
+    from mechsink.app.cli import app
 
     _, _, folder = fake
     _logits()

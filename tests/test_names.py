@@ -9,14 +9,14 @@ import pytest
 import torch
 from transformer_lens.utilities import get_act_name
 
-from mechsink.bridge import to_tokens
 from mechsink.errors import BadInputError
-from mechsink.interventions import ablate, applied, attend_only_to_self
+from mechsink.interventions.edits import ablate, applied, attend_only_to_self
+from mechsink.interventions.readout import dominant_super_neuron, massive_channel_sets, sink_readout
 from mechsink.measure import sink_score, sink_scores
+from mechsink.model import to_tokens
 from mechsink.names import MechsinkDeprecationWarning, parse_name
 from mechsink.patching import Site, activation_patch, parse_site, path_patch
 from mechsink.patching.metrics import SinkScore
-from mechsink.readout import dominant_super_neuron, massive_channel_sets, sink_readout
 
 CLEAN = "When Mary and John went"
 CORRUPTED = "When Tom and John went"
@@ -264,8 +264,8 @@ def test_sink_score_default_is_gus_everywhere(llama_tiny):
     """Census, readout, the patching metric and sink_score all default to Gu's score of key 0
     (queries i >= 0), computed here by hand from hook_pattern; include_self=False everywhere
     gives the queries i >= 1."""
-    from mechsink.census import census
-    from mechsink.prompts import make_prompts
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.measure.census import census
 
     tokens = make_prompts(llama_tiny, "natural", "bos", n=2, seq_len=8, seed=0).tokens
     _, cache = llama_tiny.run_with_cache(tokens)

@@ -6,8 +6,8 @@ import pytest
 import torch
 import transformer_lens.patching as tlp
 
-from mechsink.bridge import run_from_layer, to_tokens
 from mechsink.errors import BadInputError
+from mechsink.model import run_from_layer, to_tokens
 from mechsink.patching import (
     KLToClean,
     LogitDiff,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mechsink.bridge import to_tokens
 from mechsink.errors import BadInputError
+from mechsink.model import to_tokens
 from mechsink.patching import LogitDiff, SinkScore, activation_patch
 from mechsink.patching.attribution import attribution_patch, compare_to_exact
 

@@ -9,8 +9,8 @@ import warnings
 import pytest
 import torch
 
-from mechsink.bridge import act_name, to_tokens
 from mechsink.errors import BadInputError
+from mechsink.model import act_name, to_tokens
 from mechsink.patching import Metric, Needs, SinkScore, activation_patch
 from mechsink.patching import activation_patch as activation_patch_checked
 from mechsink.patching import attribution_patch as attribution_patch_checked

@@ -6,7 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
-from mechsink.cli import app
+from mechsink.app.cli import app
 
 
 def test_patch_command_writes_json_and_figure(tmp_path):

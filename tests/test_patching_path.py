@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from mechsink import load_model
-from mechsink.bridge import hf_model_of, to_tokens
 from mechsink.errors import BadInputError
+from mechsink.model import hf_model_of, to_tokens
 from mechsink.patching import activation_patch
 from mechsink.patching.path import parse_component, parse_receiver, path_patch
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mechsink.bridge import bos_token_id
-from mechsink.corpus import natural_documents, strip_templates, wiki_paragraphs
 from mechsink.errors import BadInputError
-from mechsink.prompts import (
+from mechsink.inputs.corpus import natural_documents, strip_templates, wiki_paragraphs
+from mechsink.inputs.prompts import (
     make_prompts,
     ordinary_token_ids,
     prompts_from_texts,
     prompts_from_tokens,
 )
+from mechsink.model import bos_token_id
 
 
 def _special(model) -> set[int]:

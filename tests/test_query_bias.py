@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from mechsink.bridge import to_tokens, wrap_hf
-from mechsink.query_bias import split_attention_logits
-from mechsink.zoo import random_hf_model
+from mechsink.measure.query_bias import split_attention_logits
+from mechsink.model import to_tokens, wrap_hf
+from mechsink.model.zoo import random_hf_model
 
 
 def test_split_sums_to_the_real_attention_scores():
@@ -30,8 +30,8 @@ def test_split_sums_to_the_real_attention_scores():
 
 
 def test_delta_attribution_sums_to_delta():
-    from mechsink.bridge import norm_params
-    from mechsink.query_bias import delta_attribution, residual_components
+    from mechsink.measure.query_bias import delta_attribution, residual_components
+    from mechsink.model import norm_params
 
     hf, tok = random_hf_model("gpt2-tiny", seed=1)
     with torch.no_grad():
@@ -53,7 +53,7 @@ def test_delta_attribution_sums_to_delta():
 
 
 def _scores(model, tokens, layer, edits=()):
-    from mechsink.interventions import applied
+    from mechsink.interventions.edits import applied
 
     with applied(model, list(edits)), torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=[
@@ -63,7 +63,7 @@ def _scores(model, tokens, layer, edits=()):
 
 def _llama_with_biases():
     """A tiny Llama (rotary positions, GQA) with learned q/k/v biases set to real values."""
-    from mechsink.zoo import random_config, seeded_model
+    from mechsink.model.zoo import random_config, seeded_model
 
     config = random_config("llama-tiny")
     config.attention_bias = True
@@ -79,8 +79,8 @@ def _llama_with_biases():
 def test_bias_split_matches_the_scores_with_each_bias_removed():
     """Under rotary positions (GQA), each bilinear part equals a difference of the model's own
     attention scores with the query bias, the key bias or both removed."""
-    from mechsink.interventions import remove_key_bias, remove_query_bias
-    from mechsink.query_bias import bias_logit_split
+    from mechsink.interventions.edits import remove_key_bias, remove_query_bias
+    from mechsink.measure.query_bias import bias_logit_split
 
     model = _llama_with_biases()
     tokens = to_tokens(model, "Rotary keys carry their bias around with them.",
@@ -105,7 +105,7 @@ def test_bias_split_matches_the_scores_with_each_bias_removed():
 
 def test_bias_split_query_part_is_delta_on_gpt2():
     """Without rotation the query-bias part is Delta_j = b_Q . (x_j W_K) / sqrt(d_head)."""
-    from mechsink.query_bias import bias_logit_split
+    from mechsink.measure.query_bias import bias_logit_split
 
     hf, tok = random_hf_model("gpt2-tiny", seed=0)
     with torch.no_grad():

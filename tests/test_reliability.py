@@ -109,7 +109,7 @@ def test_lock_is_reentrant_in_one_process_and_released_after_an_error(tmp_path: 
 
 
 def test_census_with_a_string_for_suites_is_an_error(gpt2_tiny):
-    from mechsink.census import census
+    from mechsink.measure.census import census
 
     with pytest.raises(BadInputError, match=r"not the string 'natural'.*\['natural'\]"):
         census(gpt2_tiny, "natural", n=1, seq_len=4)
@@ -118,7 +118,7 @@ def test_census_with_a_string_for_suites_is_an_error(gpt2_tiny):
 
 
 def test_read_census_on_a_missing_file_or_bad_json(tmp_path: Path) -> None:
-    from mechsink.census import read_census
+    from mechsink.measure.census import read_census
 
     with pytest.raises(BadInputError, match="does not exist"):
         read_census(tmp_path / "nope.json")
@@ -141,7 +141,7 @@ def test_read_census_on_a_missing_file_or_bad_json(tmp_path: Path) -> None:
 @pytest.fixture()
 def no_load(monkeypatch):
     """Fail the test if a command loads a model (bad input must stop before that)."""
-    from mechsink import zoo
+    from mechsink.model import zoo
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the input was checked")
@@ -152,7 +152,7 @@ def no_load(monkeypatch):
 def _invoke(args: list[str]):
     from typer.testing import CliRunner
 
-    from mechsink.cli import app
+    from mechsink.app.cli import app
 
     return CliRunner().invoke(app, args)
 
@@ -242,7 +242,7 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path, no_load, command)
 
 def test_organism_with_a_broken_marker_or_no_config(tmp_path, gpt2_tiny):
     from mechsink.errors import MechsinkError
-    from mechsink.zoo import load_model, save_organism
+    from mechsink.model.zoo import load_model, save_organism
 
     folder = save_organism(gpt2_tiny, tmp_path / "org")
     marker = folder / "mechsink.json"
@@ -285,7 +285,7 @@ _CENSUS = textwrap.dedent("""
     import sys, torch
     torch.set_num_threads(int(sys.argv[1]))
     from mechsink import load_model
-    from mechsink.census import census, census_json
+    from mechsink.measure.census import census, census_json
     m = load_model("random:llama-tiny", device="cpu", seed=0)
     def once():
         return census_json(census(m, ["natural", "random"], ["bos", "randfirst"], n=5,
@@ -340,7 +340,8 @@ def test_damaged_token_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
 
     import numpy as np
 
-    from mechsink import assets, corpus, tasks, zoo
+    from mechsink.inputs import corpus, tasks
+    from mechsink.model import assets, zoo
 
     tok = zoo.gpt2_tokenizer()  # the real one, before the cache moves
     docs = (SimpleNamespace(text="Attention sinks"), SimpleNamespace(text="form early."))

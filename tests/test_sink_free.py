@@ -10,8 +10,8 @@ import torch
 
 from mechsink.errors import BadInputError
 from mechsink.experiments import ExperimentResult, get_experiment, sink_free
-from mechsink.training import get_recipe
-from mechsink.zoo import load_organism_hf
+from mechsink.model.zoo import load_organism_hf
+from mechsink.training.loop import get_recipe
 
 
 def test_twins_are_measured_and_the_sigmoid_sink_score_is_output_share(tmp_path: Path) -> None:

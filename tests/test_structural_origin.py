@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from mechsink import load_model
-from mechsink.bridge import to_tokens
 from mechsink.experiments import p0_sink, structural_origin
-from mechsink.interventions import attend_only_to_self
+from mechsink.interventions.edits import attend_only_to_self
+from mechsink.interventions.readout import sink_readout
 from mechsink.measure import sink_score
-from mechsink.readout import sink_readout
+from mechsink.model import to_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "The structural origin of the sink: variance, super neurons, dimension disparity."
@@ -60,7 +60,7 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
 def test_circuit_command_runs_an_experiment_by_name(tmp_path):
     from typer.testing import CliRunner
 
-    from mechsink.cli import app
+    from mechsink.app.cli import app
 
     runner = CliRunner()
     ok = runner.invoke(app, ["circuit", "structural_origin", "random:llama-tiny", "--out",

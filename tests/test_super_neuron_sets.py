@@ -64,7 +64,7 @@ def test_coverage_decides_the_size_and_merge_is_exact():
 
 
 def test_census_lists_super_neuron_sets(llama_tiny):
-    from mechsink.census import SCHEMA, census
+    from mechsink.measure.census import SCHEMA, census
 
     c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8)
     data = c.to_dict()
@@ -84,9 +84,9 @@ def test_a_chunk_keeps_only_its_own_numbers(llama_tiny):
     SmolLM2's census instead of 2.5 GB)."""
     import dataclasses
 
-    from mechsink.bridge import down_projection, head_output_weights
-    from mechsink.census import measure_cache, needed_hooks
-    from mechsink.prompts import make_prompts
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.measure.census import measure_cache, needed_hooks
+    from mechsink.model import down_projection, head_output_weights
 
     tokens = make_prompts(llama_tiny, "random", "bos", n=2, seq_len=8).tokens
     with torch.no_grad():

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from mechsink import load_model
+from mechsink.app.sweep import ShardWorker, load_spec, run_sweep
 from mechsink.errors import BadInputError, MechsinkError
-from mechsink.sweep import ShardWorker, load_spec, run_sweep
-from mechsink.training import Recipe, train
+from mechsink.training.loop import Recipe, train
 
 TINY = Recipe("sw-tiny", "gpt2", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
               seq_len=16, batch_size=4, steps=2, lr=1e-2, warmup=1)
@@ -69,8 +69,8 @@ def test_local_sweep_merges_what_a_direct_measurement_gives(sweep_dir, local_run
     assert labels == ["random:gpt2-tiny", "random:llama-tiny", "random:gpt2-mini@seed3",
                       *[f"run/step-{s}" for s in checkpoints]]
     # sink rate of one model against TransformerLens's own cache, computed by hand (Gu et al.)
-    from mechsink.bridge import act_name
-    from mechsink.prompts import make_prompts
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.model import act_name
 
     model = load_model("random:gpt2-mini", seed=3, device="cpu")
     tokens = make_prompts(model, "natural", "bos", n=2, seq_len=16, seed=0).tokens
@@ -144,7 +144,7 @@ def test_a_raising_shard_is_reported_and_the_others_finish(tmp_path):
     (model,) = merged["models"]
     assert [p["index"] for p in model["pairs"]] == [0, 2]
     # against activation_patch called directly, and the mean taken by hand
-    from mechsink.bridge import to_tokens
+    from mechsink.model import to_tokens
     from mechsink.patching import activation_patch, parse_metric
 
     bridge = load_model("random:gpt2-tiny", device="cpu")
@@ -203,7 +203,7 @@ def test_ray_worker_fails_clearly_when_a_zoo_model_is_missing_from_its_cache(tmp
 def test_sweep_cli_reports_failures_with_exit_status(tmp_path):
     from typer.testing import CliRunner
 
-    from mechsink.cli import app
+    from mechsink.app.cli import app
 
     (tmp_path / "spec.toml").write_text('models = ["random:nope-tiny"]\njobs = ["census"]\n')
     result = CliRunner().invoke(app, ["sweep", str(tmp_path / "spec.toml"), "--out",

@@ -9,10 +9,10 @@ import torch
 from mechsink import load_model
 from mechsink.experiments import gpt2_query_bias, headwise_rmsnorm, seedprint
 from mechsink.experiments import sink_timeline as sink_timeline_experiment
+from mechsink.inputs.tasks import BigramBackcopy
 from mechsink.measure import sink_score
-from mechsink.tasks import BigramBackcopy
-from mechsink.timeline import sink_timeline, write_timeline
-from mechsink.training import Recipe, train
+from mechsink.measure.timeline import sink_timeline, write_timeline
+from mechsink.training.loop import Recipe, train
 
 TINY = Recipe("tl-tiny", "gpt2", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
               seq_len=16, batch_size=4, steps=4, lr=1e-2, warmup=2)
@@ -46,7 +46,7 @@ def test_headwise_rmsnorm_runs_end_to_end(tmp_path):
 
 def test_bundled_organism_loads_by_name_and_has_its_sinks():
     from mechsink.measure import sink_scores
-    from mechsink.training import task_of
+    from mechsink.training.loop import task_of
 
     model = load_model("organism:bb-gpt2-tiny", device="cpu")
     task = task_of("organism:bb-gpt2-tiny")

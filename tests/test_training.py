@@ -10,10 +10,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mechsink import load_model, training
+from mechsink import load_model
 from mechsink.errors import BadInputError
-from mechsink.tasks import BigramBackcopy
-from mechsink.training import Recipe, checkpoint_steps, train
+from mechsink.inputs.tasks import BigramBackcopy
+from mechsink.training import loop as training
+from mechsink.training.loop import Recipe, checkpoint_steps, train
 
 TINY = Recipe("test-tiny", "llama", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
               seq_len=16, batch_size=4, steps=6, lr=1e-2, warmup=2)
@@ -107,7 +108,7 @@ def test_bad_recipe_steps_and_folders_are_clear_errors(tmp_path):
 def test_train_command(tmp_path):
     from typer.testing import CliRunner
 
-    from mechsink.cli import app
+    from mechsink.app.cli import app
 
     runner = CliRunner()
     ok = runner.invoke(app, ["train", "bb-gpt2-tiny", "--out", str(tmp_path / "run"),
@@ -219,7 +220,7 @@ def test_weight_decay_leaves_biases_norms_and_embeddings_alone(tmp_path):
 
 
 def test_task_of_reads_the_organisms_recipe():
-    from mechsink.zoo import organism_recipe
+    from mechsink.model.zoo import organism_recipe
 
     assert organism_recipe("organism:bb-gpt2-tiny") == "bb-gpt2-tiny"
     assert training.task_of("organism:bb-gpt2-tiny") == BigramBackcopy()

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from mechsink import load_model, save_organism
-from mechsink.bridge import hf_model_of, to_tokens, wrap_hf
-from mechsink.training import get_recipe
-from mechsink.variants import HeadwiseRMSNormOut, apply_headwise_rmsnorm
-from mechsink.zoo import random_hf_model
+from mechsink.model import hf_model_of, to_tokens, wrap_hf
+from mechsink.model.variants import HeadwiseRMSNormOut, apply_headwise_rmsnorm
+from mechsink.model.zoo import random_hf_model
+from mechsink.training.loop import get_recipe
 
 TEXT = "Head-wise RMSNorm restores statistical parity across positions."
 
@@ -70,7 +70,7 @@ def test_recipe_suffix_turns_the_variant_on():
 
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv  # noqa: E402
 
-from mechsink.variants import (  # noqa: E402
+from mechsink.model.variants import (  # noqa: E402
     ATTENTION_VARIANTS,
     AttentionVariantOut,
     apply_attention_variant,
@@ -193,7 +193,7 @@ def test_softpick_matches_hand_computation():
     expected = e.clamp(min=0) / (e.abs().where(visible, 0.0).sum(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(_bridge_pattern(hf, tok)[2], expected, atol=1e-6, rtol=1e-4)
     # on a tiny input written out: logits 1, 0, -1 -> (e - 1, 0, 0) / ((e - 1) + 0 + (1 - 1/e))
-    from mechsink.variants import softpick
+    from mechsink.model.variants import softpick
 
     got = softpick(torch.tensor([1.0, 0.0, -1.0]))
     e1 = torch.e - 1

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from mechsink import load_model, save_organism
-from mechsink.bridge import hf_model_of, n_kv_heads, to_tokens
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
-from mechsink.zoo import _converted_dir, random_hf_model
+from mechsink.model import hf_model_of, n_kv_heads, to_tokens
+from mechsink.model.zoo import _converted_dir, random_hf_model
 
 TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
 
@@ -89,7 +89,7 @@ def test_qwen25_matches_transformers_own_gguf_load():
     has the learned query and key biases it is in the zoo for."""
     from transformers import AutoModelForCausalLM
 
-    from mechsink.zoo import _gguf_path
+    from mechsink.model.zoo import _gguf_path
 
     qwen = load_model("qwen2.5-0.5b", device="cpu")
     gguf = _gguf_path("qwen2.5-0.5b")
@@ -105,7 +105,7 @@ def test_qwen25_matches_transformers_own_gguf_load():
 
 @pytest.mark.slow
 def test_smollm2_greedy_continuation_is_sensible(smollm2):
-    from mechsink.generate import greedy_continue
+    from mechsink.model.generate import greedy_continue
 
     tokens = to_tokens(smollm2, "The capital of France is", prepend_bos=True)
     out = greedy_continue(smollm2, tokens, 3)
@@ -241,7 +241,7 @@ def test_a_folder_without_a_tokenizer_is_refused(tmp_path):
     """Regression: a model folder with no tokenizer files loaded with a tokenizer that knows one
     token (every text became id 0, patching returned 1.0 everywhere). It is refused, saying
     what to do, and loads when a tokenizer is passed."""
-    from mechsink.zoo import gpt2_tokenizer
+    from mechsink.model.zoo import gpt2_tokenizer
 
     hf, _ = random_hf_model("gpt2-tiny", seed=0)
     hf.save_pretrained(tmp_path)
@@ -269,7 +269,7 @@ def test_saving_prints_no_library_bars_off_a_terminal(capfd, tmp_path):
     """transformers' "Writing model shards" bar is silent off a terminal as well (every
     checkpoint of a training run printed one into its log)."""
     from mechsink import load_model
-    from mechsink.zoo import save_organism
+    from mechsink.model.zoo import save_organism
 
     model = load_model("organism:bb-gpt2-tiny", device="cpu")
     capfd.readouterr()

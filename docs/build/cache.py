@@ -68,7 +68,7 @@ class Models:
 
     def __call__(self, name: str) -> Any:
         if name not in self._loaded:
-            from mechsink.zoo import load_model
+            from mechsink.model.zoo import load_model
 
             self._loaded.clear()  # one model in memory at a time
             self._loaded[name] = load_model(name, device="cpu",

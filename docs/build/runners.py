@@ -15,13 +15,13 @@ from typing import Any
 from docs.build.cache import Cache, Models
 from docs.build.notebooks import execute_notebook
 from docs.build.plan import DOCS, GALLERY_SCHEMA, GALLERY_SEQ_LEN, ROOT
-from mechsink.bridge import act_name, token_strings
 from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.model import act_name, token_strings
 
 
 def run_scan(cache: Cache, models: Models, model: str, settings: Mapping[str, Any]) -> dict:
     """The census of ``model`` (census.json only: figures are drawn at page time)."""
-    from mechsink.census import census, read_census, write_census
+    from mechsink.measure.census import census, read_census, write_census
 
     def produce(out: Path) -> None:
         c = census(models(model), n=settings["n"], seq_len=settings["seq_len"],
@@ -44,7 +44,7 @@ def run_gallery(cache: Cache, models: Models, model: str, data: Mapping[str, Any
     def produce(out: Path) -> None:
         import torch
 
-        from mechsink.prompts import make_prompts
+        from mechsink.inputs.prompts import make_prompts
 
         m = models(model)
         tokens = make_prompts(m, "natural", ref["variant"], n=1, seq_len=seq_len, seed=0).tokens

@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import mechsink
-from mechsink.bridge import to_tokens
+from mechsink.model import to_tokens
 from mechsink.patching import LogitDiff, activation_patch
 from mechsink.viz.patching import heatmap
 

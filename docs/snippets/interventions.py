@@ -1,8 +1,8 @@
 import mechsink
-from mechsink.interventions import ablate, applied, attend_only_to_self
+from mechsink.interventions.edits import ablate, applied, attend_only_to_self
 from mechsink.measure.sinks import sink_scores
-from mechsink.readout import dominant_super_neuron
-from mechsink.prompts import make_prompts
+from mechsink.interventions.readout import dominant_super_neuron
+from mechsink.inputs.prompts import make_prompts
 
 MODEL = "smollm2-135m"
 model = mechsink.load_model(MODEL)

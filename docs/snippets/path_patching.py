@@ -1,7 +1,7 @@
 from pathlib import Path
 
 import mechsink
-from mechsink.bridge import to_tokens
+from mechsink.model import to_tokens
 from mechsink.measure.sinks import sink_scores
 from mechsink.patching import SinkScore, path_patch
 

@@ -1,6 +1,6 @@
 import mechsink
-from mechsink.bridge import to_tokens
-from mechsink.census import census
+from mechsink.model import to_tokens
+from mechsink.measure.census import census
 
 MODEL = "smollm2-135m"
 model = mechsink.load_model(MODEL)                       # a TransformerBridge (raw weights)

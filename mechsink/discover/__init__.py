@@ -4,7 +4,7 @@ fix, circuit selection and faithfulness curves.
 :class:`GraphRun` sets a call up once (tokens, metric, corruption); :func:`eap`,
 :func:`eap_ig` and :func:`exact_scores` score every edge; :mod:`mechsink.discover.circuit`
 picks and evaluates circuits, :mod:`mechsink.discover.curves` draws their curves with a
-random baseline, :mod:`mechsink.discover.plot` draws both; :func:`discover` does it all.
+random baseline, :mod:`mechsink.viz.discover` draws both; :func:`discover` does it all.
 """
 
 from mechsink.discover.circuit import (

@@ -139,7 +139,7 @@ def greedy(run: GraphRun, scores: EdgeScores, *, target: float = 0.9, window: in
 def node_circuit_edges(graph: Graph, members: Sequence[str]) -> list[int]:
     """The edges a *node* circuit keeps: from the embedding or a member to a member's input
     (a head's query, its KV head's key/value, an MLP's input) or to the metric. Members are
-    named ``L3H1`` and ``MLP2`` (:mod:`mechsink.circuit_search`'s components)."""
+    named ``L3H1`` and ``MLP2`` (:mod:`mechsink.discover.node_search`'s components)."""
     names = set(members)
     group = graph.n_heads // graph.n_kv
 

@@ -25,8 +25,8 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from mechsink.bridge import act_name, n_kv_heads
 from mechsink.errors import BadInputError
+from mechsink.model import act_name, n_kv_heads
 from mechsink.patching.metrics import Metric, layer_of
 
 #: the hooks a metric may read, by what part of a block they sit in

@@ -44,7 +44,7 @@ class Discovery:
     def save(self, out: str | Path) -> Path:
         """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
         ``circuit.png``, ``faithfulness.png`` and ``summary.md`` into ``out``."""
-        from mechsink.discover.plot import draw_circuit, draw_curves
+        from mechsink.viz.discover import draw_circuit, draw_curves
 
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.bridge import act_name, run_from_layer
 from mechsink.discover.run import GraphRun, graph_mode
+from mechsink.model import act_name, run_from_layer
 from mechsink.patching import engine
 
 

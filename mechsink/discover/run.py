@@ -35,10 +35,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mechsink.ablation import Ablation, as_ablation
-from mechsink.bridge import act_name, hook_names, run_from_layer, write_in_place
 from mechsink.discover.graph import Graph, MetricPoint, Receiver
 from mechsink.errors import BadInputError
+from mechsink.interventions.ablation import Ablation, as_ablation
+from mechsink.model import act_name, hook_names, run_from_layer, write_in_place
 from mechsink.names import explicit_bos
 from mechsink.patching import engine
 from mechsink.patching.engine import TokensLike
@@ -94,7 +94,7 @@ class GraphRun:
     """One setup per call: tokens, metric, senders' clean and corrupted writes, the graph.
 
     ``corrupted``: counterfactual tokens (each sender's corrupted write is its write on that
-    run), or ``ablation`` (:mod:`mechsink.ablation`: zero, batch_mean, position_mean,
+    run), or ``ablation`` (:mod:`mechsink.interventions.ablation`: zero, batch_mean, position_mean,
     resample) of each sender's clean write. ``positions``: corrupt senders at these positions
     only (default all; ``position_mean`` needs them: it is the mean over the others).
     """

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from mechsink.bridge import act_name, norm_params
 from mechsink.experiments.result import ExperimentResult
-from mechsink.interventions import (
+from mechsink.inputs.prompts import make_prompts
+from mechsink.interventions.edits import (
     ablate,
     applied,
     remove_key_bias,
@@ -29,15 +29,15 @@ from mechsink.interventions import (
     rotate_keys,
 )
 from mechsink.measure import sink_scores
-from mechsink.prompts import make_prompts
-from mechsink.query_bias import (
+from mechsink.measure.query_bias import (
     BIAS_PARTS,
     BiasSplit,
     bias_logit_split,
     delta_attribution,
     residual_components,
 )
-from mechsink.training import task_of
+from mechsink.model import act_name, norm_params
+from mechsink.training.loop import task_of
 
 FIGURE = "ablations.png"
 

@@ -2,7 +2,7 @@
 "The Structural Origin of Attention Sink", propose it.)
 
 Twin organisms: the same recipe, seed, data and steps, with and without head-wise RMSNorm
-(mechsink.variants), over several seeds. We compare loss curves (mean and spread over seeds)
+(mechsink.model.variants), over several seeds. We compare loss curves (mean and spread over seeds)
 and the sink timeline of each twin, and state a verdict with the numbers.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.timeline import sink_timeline
-from mechsink.training import HWRMS_SUFFIX, get_recipe, train
+from mechsink.measure.timeline import sink_timeline
+from mechsink.training.loop import HWRMS_SUFFIX, get_recipe, train
 
 FIGURE = "twins.png"
 SCHEMA = "mechsink-c8/1"

@@ -13,7 +13,7 @@ sequence (``position_mean``, what an ordinary position writes). Then:
    ``target``;
 3. faithfulness curves per ablation type (position_mean and zero at position 0) with a
    random-circuit baseline and AUC, next to the curve of the greedy *node* circuit
-   (:mod:`mechsink.circuit_search`: components added by single-ablation effect, each node set
+   (:mod:`mechsink.discover.node_search`: components added by single-ablation effect, each node set
    turned into the edges among its members), so the two methods are compared on one axis.
 
 :func:`edge_part` does all of it for given tokens and super neuron, so the p0_sink experiment
@@ -29,7 +29,6 @@ from typing import Any
 
 import torch
 
-from mechsink.circuit_search import minimal_circuit, single_effects
 from mechsink.discover import (
     GraphRun,
     curve,
@@ -39,17 +38,18 @@ from mechsink.discover import (
     sets_curve,
     top_n,
 )
+from mechsink.discover.node_search import minimal_circuit, single_effects
 from mechsink.experiments.result import ExperimentResult
+from mechsink.inputs.prompts import make_prompts
+from mechsink.interventions.readout import dominant_super_neuron
 from mechsink.patching import MassiveValue
-from mechsink.prompts import make_prompts
-from mechsink.readout import dominant_super_neuron
 
 FIGURE = "p0_edges.png"
 SCHEMA = "mechsink-p0-edges/1"
 
 
 def node_circuit(run: GraphRun) -> tuple[list[str], list[list[int]]]:
-    """The greedy node circuit (:func:`mechsink.circuit_search.minimal_circuit` on the edge
+    """The greedy node circuit (:func:`mechsink.discover.node_search.minimal_circuit` on the edge
     graph: a component is ablated by corrupting every edge out of it) and the edge sets of its
     members added one at a time."""
     g = run.graph
@@ -179,7 +179,7 @@ def _f(x: float | None) -> str:
 def figure(data: dict[str, Any], path: Path) -> Path:
     """Faithfulness curves (edge and node circuits, per ablation) into ``path``; the edge
     circuit beside it as ``<name>_circuit.png``."""
-    from mechsink.discover.plot import draw_circuit, draw_curves
+    from mechsink.viz.discover import draw_circuit, draw_curves
 
     out = draw_curves(data["curves"], path, title=f"P0-sink circuit, {data['model']}")
     draw_circuit(data["circuit"], Path(path).with_name(Path(path).stem + "_circuit.png"),

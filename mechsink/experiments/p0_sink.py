@@ -16,14 +16,14 @@ writes a fixed high-norm state; it needs no BOS token. We measure:
    (b) through that MLP into the sink scores at key 0 of the later layers with the strongest
    sinks (a and b share each forward), and (c) directly (every other component frozen) into
    those sink scores; each path's effect is reported next to the channel it leaves;
-3. the path *through the massive channel*, measured to saturation (:mod:`mechsink.chain`): the
-   complete set's dose-response from full removal to 3x (its half-effect dose gives the channel
-   value below which the sink gives way: a path patch that leaves the channel above it stops
-   short), and channel surgery (the channel at position 0 set to its median over later
-   positions after the creating block, one block or every block on), with 95% bootstrap
-   intervals over prompts;
+3. the path *through the massive channel*, measured to saturation
+   (:mod:`mechsink.interventions.chain`): the complete set's dose-response from full removal to 3x
+   (its half-effect dose gives the channel value below which the sink gives way: a path patch that
+   leaves the channel above it stops short), and channel surgery (the channel at position 0 set to
+   its median over later positions after the creating block, one block or every block on), with 95%
+   bootstrap intervals over prompts;
 4. each component's total effect (the same ablation, nothing frozen) on the sink rate and on the
-   channel, and the minimal circuit (mechsink.circuit_search): the fewest components whose
+   channel, and the minimal circuit (mechsink.discover.node_search): the fewest components whose
    ablation brings the sink rate at key 0 down to half and whose preservation (every other
    candidate ablated) keeps 80% of it.
 
@@ -39,14 +39,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mechsink import chain
-from mechsink.circuit_search import minimal_circuit, single_effects
+from mechsink.discover.node_search import minimal_circuit, single_effects
 from mechsink.experiments.result import ExperimentResult, verdict_lines
-from mechsink.interventions import ablate
+from mechsink.inputs.prompts import make_prompts
+from mechsink.interventions import chain
+from mechsink.interventions.edits import ablate
+from mechsink.interventions.readout import massive_channel_sets, sink_readout
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
-from mechsink.prompts import make_prompts
-from mechsink.readout import massive_channel_sets, sink_readout
 
 FIGURE = "p0_circuit.png"
 SCHEMA = "mechsink-p0-sink/3"

@@ -23,7 +23,9 @@ import torch
 
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
-from mechsink.seedprint import (
+from mechsink.model.zoo import load_model
+from mechsink.training.loop import Recipe, train
+from mechsink.training.seedprint import (
     INIT_SCHEMES,
     calibrate_threshold,
     contraction_direction,
@@ -36,8 +38,6 @@ from mechsink.seedprint import (
     seedprint_test,
     token_preference,
 )
-from mechsink.training import Recipe, train
-from mechsink.zoo import load_model
 
 SCHEMA = "mechsink-c7/1"
 

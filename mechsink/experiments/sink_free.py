@@ -2,8 +2,8 @@
 in loss? Twin organisms side by side.
 
 For each task recipe (a llama recipe: Bigram-Backcopy, text) and each seed, plain softmax
-attention and every variant of :data:`mechsink.variants.ATTENTION_VARIANTS` are trained with the
-same seed (initialisation of the shared weights), the same batches and the same steps. Each
+attention and every variant of :data:`mechsink.model.variants.ATTENTION_VARIANTS` are trained with
+the same seed (initialisation of the shared weights), the same batches and the same steps. Each
 organism's checkpoints are measured on one held-out batch (data seed never seen in training):
 final training loss (mean of the last 5% of steps), sink rate at key 0 (queries i > 0, eps as
 given), the largest sink score, the largest residual magnitude, and the largest first-token norm
@@ -31,9 +31,9 @@ from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
 from mechsink.io import atomic_file, atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.timeline import sink_timeline
-from mechsink.training import get_recipe, train
-from mechsink.variants import ATTENTION_VARIANTS
+from mechsink.measure.timeline import sink_timeline
+from mechsink.model.variants import ATTENTION_VARIANTS
+from mechsink.training.loop import get_recipe, train
 
 FIGURE = "sink_free.png"
 SCHEMA = "mechsink-sink-free/1"

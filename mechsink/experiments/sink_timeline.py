@@ -14,8 +14,8 @@ import torch
 
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.timeline import sink_timeline, timeline_dict
-from mechsink.training import get_recipe
+from mechsink.measure.timeline import sink_timeline, timeline_dict
+from mechsink.training.loop import get_recipe
 
 FIGURE = "timeline.png"
 RESULT_FILE = "timeline.json"

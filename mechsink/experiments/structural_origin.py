@@ -7,10 +7,10 @@ self-concentration at position 0 and the value non-mixing it causes).
 2. Super neurons, complete: the massive channel at position 0, the block that creates it, and
    every block's complete set (the fewest neurons explaining >= 95% of its MLP's write there;
    Yu et al. 2024, "The Super Weight in Large Language Models").
-3. Dose-response to saturation (:mod:`mechsink.chain`): the creating block's complete set (and
-   every set that builds the channel, and the top neuron alone) scaled by factors 0..3 at
-   position 0; per dose the channel, the late-layer sink score, Gu et al.'s sink rate and the
-   loss with 95% bootstrap intervals over prompts, and the half-effect dose.
+3. Dose-response to saturation (:mod:`mechsink.interventions.chain`): the creating block's complete
+   set (and every set that builds the channel, and the top neuron alone) scaled by factors 0..3 at
+   position 0; per dose the channel, the late-layer sink score, Gu et al.'s sink rate and the loss
+   with 95% bootstrap intervals over prompts, and the half-effect dose.
 4. Channel surgery: the channel, or the top direction of position 0's residual, set to its
    median over later positions after the creating block (one block, or every block on).
 5. Key-logit split of the three strongest sink heads: massive channel, rest, key bias, rotary.
@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from mechsink import chain
-from mechsink.bridge import act_name
 from mechsink.experiments.result import ExperimentResult, verdict_lines
-from mechsink.interventions import ablate, attend_only_to_self, scale_tokens
+from mechsink.inputs.prompts import make_prompts
+from mechsink.interventions import chain
+from mechsink.interventions.edits import ablate, attend_only_to_self, scale_tokens
+from mechsink.interventions.readout import massive_channel_sets, sink_readout
 from mechsink.measure import variance_stats
-from mechsink.prompts import make_prompts
-from mechsink.readout import massive_channel_sets, sink_readout
+from mechsink.model import act_name
 
 FIGURE = "structural_origin.png"
 
@@ -108,7 +108,7 @@ def channel_life(values: list[float]) -> dict[str, dict]:
 
 
 
-# --- the causal chain, measured to saturation (mechsink.chain) -------------------------------
+# --- the causal chain, measured to saturation (mechsink.interventions.chain)
 
 
 def _surgery(model: Any, tokens: Any, channel: int, layer: int, frame: chain.Frame,

@@ -15,8 +15,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from mechsink.bridge import act_name
 from mechsink.errors import BadInputError
+from mechsink.model import act_name
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(.+)$")
 

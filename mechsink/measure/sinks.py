@@ -6,9 +6,10 @@ itself with weight 1); ``include_self=False`` starts at ``i = k + 1``. The sink 
 fraction of (layer, head) with ``alpha_k > eps``, thresholded per sequence, then averaged.
 
 **The default everywhere is Gu's version** (``include_self=True``): :func:`sink_score`,
-:attr:`SinkScores.mean`, the census, :func:`mechsink.readout.sink_readout` and the patching
-metric :class:`~mechsink.patching.SinkScore`; each takes ``include_self=False`` for the other.
-(Use it when an intervention edits query ``k``'s own attention, e.g. ``attend_only_to_self``.)
+:attr:`SinkScores.mean`, the census, :func:`mechsink.interventions.readout.sink_readout` and the
+patching metric :class:`~mechsink.patching.SinkScore`; each takes ``include_self=False`` for the
+other. (Use it when an intervention edits query ``k``'s own attention, e.g.
+``attend_only_to_self``.)
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """Patching: exact batched activation patching, path patching, attribution patching.
 
 Sites say what to patch, metrics what to measure (logits or sink quantities), ablations
-(:mod:`mechsink.ablation`) what replaces a switched-off activation, and every sweep returns a
-:class:`PatchResult`. All three share :mod:`mechsink.patching.engine`. Draw a result with
+(:mod:`mechsink.interventions.ablation`) what replaces a switched-off activation, and every sweep
+returns a :class:`PatchResult`. All three share :mod:`mechsink.patching.engine`. Draw a result with
 :func:`mechsink.viz.patching.heatmap`.
 """
 
-from mechsink.ablation import Ablation
+from mechsink.interventions.ablation import Ablation
 from mechsink.patching.activation import activation_patch
 from mechsink.patching.attribution import attribution_patch, compare_to_exact
 from mechsink.patching.metrics import (

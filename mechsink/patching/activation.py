@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.ablation import Ablation, as_ablation
-from mechsink.bridge import act_name, write_in_place
 from mechsink.errors import BadInputError
+from mechsink.interventions.ablation import Ablation, as_ablation
+from mechsink.model import act_name, write_in_place
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import (  # noqa: F401  (re-exported for older imports)
@@ -56,8 +56,8 @@ def activation_patch(
 
     ``direction="denoise"`` runs the corrupted input and patches in clean activations (what
     ``transformer_lens.patching`` does); ``"noise"`` runs clean and patches in corrupted ones.
-    ``ablation`` (:mod:`mechsink.ablation`) replaces the source; the run input is still chosen
-    by ``direction``, so ablate the clean run with ``direction="noise"``: ``"zero"``,
+    ``ablation`` (:mod:`mechsink.interventions.ablation`) replaces the source; the run input is
+    still chosen by ``direction``, so ablate the clean run with ``direction="noise"``: ``"zero"``,
     ``"batch_mean"`` (``"mean"``: the mean over the batch of ``reference``, default the source
     input), ``"position_mean"`` (the run input's mean over the positions the unit does not
     patch) or ``"resample"`` (rows of ``reference`` drawn with ``seed``).

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.bridge import act_name, run_from_layer, unembed
 from mechsink.errors import BadInputError
+from mechsink.model import act_name, run_from_layer, unembed
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens

@@ -33,7 +33,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.bridge import (
+from mechsink.errors import BadInputError
+from mechsink.model import (
     PrefixKV,
     act_name,
     check_seq_len,
@@ -45,7 +46,6 @@ from mechsink.bridge import (
     to_tokens,
     unembed,
 )
-from mechsink.errors import BadInputError
 from mechsink.patching.metrics import ALL, Metric, Needs, Outputs, as_metric, check_value, layer_of
 
 TokensLike = str | Sequence[str] | Tensor

@@ -17,9 +17,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.bridge import act_name
 from mechsink.errors import BadInputError
 from mechsink.measure.sinks import sink_score as _sink_score
+from mechsink.model import act_name
 
 ALL = "all"
 

@@ -18,9 +18,9 @@ it changes every receiver that reads position 0: the two choices can give differ
 and a path that exists only through a norm's scale shows up only under "recomputed".
 
 Ablation instead of a corrupted input (``ablation=``, with ``corrupted=None``; the vocabulary
-of :mod:`mechsink.ablation`): each sender's value is ``"zero"``, its ``"batch_mean"`` over the
-clean batch, ``"resample"`` (sequences of the clean batch) or its ``"position_mean"``: the mean
-over the positions of the same sequence the sender does not cover (``@0``: positions 1..), i.e.
+of :mod:`mechsink.interventions.ablation`): each sender's value is ``"zero"``, its ``"batch_mean"``
+over the clean batch, ``"resample"`` (sequences of the clean batch) or its ``"position_mean"``: the
+mean over the positions of the same sequence the sender does not cover (``@0``: positions 1..), i.e.
 the value an ordinary position has. The last one asks "what does this component's *position-0*
 output do", the question of the P0-sink circuit (Peng, Li et al. 2026, "How Attention Sinks
 Emerge in Large Language Models: An Interpretability Perspective"), where no corrupted text
@@ -48,8 +48,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.ablation import Ablation, as_ablation
-from mechsink.bridge import (
+from mechsink.errors import BadInputError
+from mechsink.interventions.ablation import Ablation, as_ablation
+from mechsink.model import (
     act_name,
     hook_names,
     n_kv_heads,
@@ -58,7 +59,6 @@ from mechsink.bridge import (
     token_strings,
     write_in_place,
 )
-from mechsink.errors import BadInputError
 from mechsink.names import Name, explicit_bos, parse_name
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike
@@ -204,7 +204,7 @@ def path_patch(
     patching) or ``"denoise"`` (run corrupted, senders from clean; needs a corrupted input).
     ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text: leaving it
     out is deprecated; token tensors are used as they are).
-    ``ablation`` (:mod:`mechsink.ablation`, with ``corrupted=None``): ``"zero"``,
+    ``ablation`` (:mod:`mechsink.interventions.ablation`, with ``corrupted=None``): ``"zero"``,
     ``"batch_mean"`` (``"mean"``) over the clean batch, ``"position_mean"`` (the mean over the
     positions the sender does not cover, so a sender needs ``@pos``) or ``"resample"`` (rows of
     the clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
@@ -350,7 +350,8 @@ def _scale_names(model: Any) -> list[str]:
 
 class SenderValues:
     """What a sender's output becomes: the corrupted run's value, or the clean run's ablated
-    (:class:`~mechsink.ablation.Ablation`; position_mean over the positions it leaves alone)."""
+    (:class:`~mechsink.interventions.ablation.Ablation`; position_mean over the positions it leaves
+    alone)."""
 
     def __init__(self, clean: dict[str, Tensor], corrupted: dict[str, Tensor] | None,
                  ablation: Ablation | None) -> None:

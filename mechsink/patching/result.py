@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.bridge import token_strings
 from mechsink.io import atomic_write_json
+from mechsink.model import token_strings
 
 SCHEMA = "mechsink-patch/1"
 

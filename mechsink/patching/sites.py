@@ -23,11 +23,11 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from mechsink.bridge import act_name, n_kv_heads
 from mechsink.errors import BadInputError
+from mechsink.model import act_name, n_kv_heads
 from mechsink.names import deprecated, parse_name
 
-# kind -> hook name inside a block (full names through mechsink.bridge.act_name)
+# kind -> hook name inside a block (full names through mechsink.model.bridge.act_name)
 HOOKS: dict[str, str] = {
     "resid_pre": "hook_resid_pre",
     "resid_mid": "hook_resid_mid",

@@ -8,6 +8,8 @@
 - :mod:`mechsink.viz.patching`: the heatmap of a patching result (``heatmap``, re-exported).
 - :mod:`mechsink.viz.report`: the census report folder (``mechsink scan``).
 - :mod:`mechsink.viz.experiments`: figures of the circuits scripts.
+- :mod:`mechsink.viz.discover`: edge circuits and faithfulness curves (``mechsink discover``).
+- :mod:`mechsink.viz.sweep`: the sink-rate figure of a merged sweep census.
 """
 
 from mechsink.viz import attention

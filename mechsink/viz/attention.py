@@ -156,8 +156,8 @@ def attention(
 
     ``source`` is one of: an ``ActivationCache`` or dict of activations (give ``layer``: its
     ``hook_pattern`` is shown, sequence ``batch``); a pattern tensor ``[head, query, key]``,
-    ``[query, key]`` or ``[batch, head, query, key]``; a :class:`~mechsink.census.Census`, one
-    of its runs or census.json data (the strongest sink heads of ``run``, default the first).
+    ``[query, key]`` or ``[batch, head, query, key]``; a :class:`~mechsink.measure.census.Census`,
+    one of its runs or census.json data (the strongest sink heads of ``run``, default the first).
     ``tokens``: token strings, or token ids with ``model`` (default: position numbers).
     ``heads`` picks heads (default all)."""
     import torch
@@ -196,7 +196,7 @@ def attention(
             raise BadInputError(
                 f"attention() shows a cache, a pattern tensor or a census, not a "
                 f"{type(source).__name__}.")
-        from mechsink.bridge import act_name
+        from mechsink.model import act_name
 
         if layer is None:
             raise BadInputError("give layer=... to show a cache's attention pattern.")
@@ -221,7 +221,7 @@ def attention(
     elif isinstance(tokens, torch.Tensor) or (tokens and not isinstance(tokens[0], str)):
         if model is None:
             raise BadInputError("token ids need model=... to be turned into strings.")
-        from mechsink.bridge import token_strings
+        from mechsink.model import token_strings
 
         ids = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(list(tokens))
         toks = token_strings(model, ids[batch] if ids.ndim == 2 else ids)

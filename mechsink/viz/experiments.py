@@ -101,9 +101,10 @@ def _band(ax: Any, x: list[float], rows: list[dict | None], color: str, label: s
 
 
 def draw_dose_response(ax: Any, curve: dict[str, Any], title: str = "") -> Any:
-    """One dose-response (``mechsink.chain.DoseResponse.to_dict()``) on ``ax``: |channel| at
-    position 0 (log scale, left) and, on a twin axis, the late-layer sink score and the sink
-    rate with their 95% intervals; the half-effect dose as a dashed line. Returns the twin."""
+    """One dose-response (``mechsink.interventions.chain.DoseResponse.to_dict()``) on ``ax``:
+    |channel| at position 0 (log scale, left) and, on a twin axis, the late-layer sink score and
+    the sink rate with their 95% intervals; the half-effect dose as a dashed line. Returns the
+    twin."""
     rows = curve["rows"]
     x = [r["dose"] for r in rows]
     chans = [abs(r["channel"]["mean"]) if r["channel"] else np.nan for r in rows]

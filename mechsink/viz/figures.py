@@ -2,8 +2,8 @@
 ratios, MLP spikes and the attention-output variance profile.
 
 Every function takes the census data (``census.json`` read with
-:func:`mechsink.census.read_census`) and a path, draws in :mod:`mechsink.viz.style` and returns
-the path.
+:func:`mechsink.measure.census.read_census`) and a path, draws in :mod:`mechsink.viz.style` and
+returns the path.
 """
 
 from __future__ import annotations

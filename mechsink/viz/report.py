@@ -36,7 +36,7 @@ def _massive_cell(m: Mapping[str, Any]) -> str:
 
 
 def summary_table(data: Mapping[str, Any]) -> str:
-    from mechsink.census import summary_rows
+    from mechsink.measure.census import summary_rows
 
     head = ("<tr><th>input</th><th>sink rate (Gu)</th><th>sink rate (i&gt;0)</th>"
             "<th>massive (token median)</th><th>massive (layer median)</th>"

@@ -47,7 +47,7 @@ def has_bridge() -> bool:
 
 def hf_model(family: str) -> tuple[Any, Any]:
     """The plain transformers model and tokenizer behind ``random:<family>`` (seed 0)."""
-    from mechsink.zoo import random_hf_model
+    from mechsink.model.zoo import random_hf_model
 
     return random_hf_model(family, seed=SEED)
 
@@ -148,11 +148,16 @@ def _tokens(model: Any) -> tuple[Tensor, Tensor]:
 
 def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
     """Each public entry point that takes a model, as a thunk giving its numbers."""
-    from mechsink import interventions as iv
     from mechsink import viz
-    from mechsink.census import census
     from mechsink.discover.pipeline import discover
     from mechsink.experiments import gpt2_query_bias, p0_edges, structural_origin
+    from mechsink.interventions import edits as iv
+    from mechsink.interventions.readout import (
+        dominant_super_neuron,
+        massive_channel_sets,
+        sink_readout,
+    )
+    from mechsink.measure.census import census
     from mechsink.patching import (
         LogitDiff,
         SinkScore,
@@ -161,7 +166,6 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
         path_patch,
     )
     from mechsink.patching.sites import parse_site
-    from mechsink.readout import dominant_super_neuron, massive_channel_sets, sink_readout
 
     clean, corrupted = _tokens(model)
     last = clean.shape[1] - 1

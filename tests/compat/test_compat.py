@@ -105,7 +105,7 @@ def test_hooked_transformer_prefix_reuse(family: str) -> None:
     reads the prefix from them equals the full forward (TransformerLens's own, unpatched)."""
     if not _compat.has_hooked_transformer():
         pytest.skip(f"TransformerLens {TL} has no HookedTransformer (removed in 4.0).")
-    from mechsink import bridge
+    from mechsink.model import bridge
 
     model = _compat.hooked_transformer(family)
     assert bridge.supports_prefix_reuse(model)

@@ -108,7 +108,7 @@ class TextStream:
         return torch.from_numpy(np.concatenate([bos, rows], axis=1))
 
     def tokenizer(self) -> Any:
-        from mechsink.zoo import gpt2_tokenizer
+        from mechsink.model.zoo import gpt2_tokenizer
 
         return gpt2_tokenizer()
 
@@ -119,9 +119,9 @@ def _text_tokens() -> np.ndarray:
 
     Cached on disk beside the tokenizer (a few seconds to build, once; rebuilt if damaged).
     """
-    from mechsink import assets
-    from mechsink.corpus import natural_documents
-    from mechsink.zoo import gpt2_tokenizer
+    from mechsink.inputs.corpus import natural_documents
+    from mechsink.model import assets
+    from mechsink.model.zoo import gpt2_tokenizer
 
     path = assets.cache_dir() / "data" / "natural-gpt2-tokens.npy"
     if path.is_file():

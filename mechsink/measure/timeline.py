@@ -1,10 +1,10 @@
 """Sink timeline: the sink measurements at every checkpoint of a training run (when the sink forms).
 
-For each ``step-N`` of a run folder written by :mod:`mechsink.training`, the organism reads the
+For each ``step-N`` of a run folder written by :mod:`mechsink.training.loop`, the organism reads the
 same held-out tokens and the census measurements are taken from its cache: Gu's sink rate and
 the largest sink score at key 0, the first-token norm ratio, and the largest residual magnitude.
 For an attention variant with no normalisation over keys (sigmoid attention), the sink score is
-the share of the head's output mass on key 0 (:func:`mechsink.variants.sink_pattern`).
+the share of the head's output mass on key 0 (:func:`mechsink.model.variants.sink_pattern`).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechsink.bridge import hf_model_of
 from mechsink.io import atomic_write_json
 from mechsink.measure import first_token_norm_ratio, sink_scores
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.variants import attention_variant_of, sink_pattern
-from mechsink.zoo import load_model
+from mechsink.model import hf_model_of
+from mechsink.model.variants import attention_variant_of, sink_pattern
+from mechsink.model.zoo import load_model
 
 TIMELINE_SCHEMA = "mechsink-timeline/1"
 

@@ -15,7 +15,7 @@ An ablation says what value replaces an activation that is "switched off". Four 
   Scrubbing"'s resampling ablation).
 
 ``"mean"`` is accepted as an older spelling; what it means depends on the caller (patching:
-``batch_mean``; :func:`mechsink.interventions.ablate`: ``position_mean``) and it is resolved
+``batch_mean``; :func:`mechsink.interventions.edits.ablate`: ``position_mean``) and it is resolved
 by :func:`as_ablation`'s ``mean=`` argument. Activations are laid out ``[batch, pos, ...]``.
 """
 

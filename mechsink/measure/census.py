@@ -21,7 +21,20 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink import __version__
-from mechsink.bridge import (
+from mechsink.errors import BadInputError
+from mechsink.inputs.prompts import (
+    DEFAULT_N,
+    DEFAULT_SEQ_LEN,
+    SUITES,
+    VARIANTS,
+    PromptSet,
+    check_suite_args,
+    make_prompts,
+)
+from mechsink.io import atomic_write_text
+from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure._cache import CacheLike, hook_names, rounded
+from mechsink.model import (
     act_name,
     architecture_summary,
     bos_token_id,
@@ -31,20 +44,7 @@ from mechsink.bridge import (
     head_output_weights,
     token_strings,
 )
-from mechsink.errors import BadInputError
-from mechsink.io import atomic_write_text
-from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
-from mechsink.measure._cache import CacheLike, hook_names, rounded
 from mechsink.names import renamed_kwarg
-from mechsink.prompts import (
-    DEFAULT_N,
-    DEFAULT_SEQ_LEN,
-    SUITES,
-    VARIANTS,
-    PromptSet,
-    check_suite_args,
-    make_prompts,
-)
 
 SCHEMA = "mechsink-census/2"  # /2: super_neuron_sets (complete super-neuron sets)
 READABLE_SCHEMAS = ("mechsink-census/1", SCHEMA)

@@ -4,7 +4,7 @@ The causal-chain experiments ask the same question many times: with these edits 
 much do later queries attend to key ``k``, and how large is channel ``c`` at position ``k``?
 :func:`sink_readout` answers it from one cached forward. (Not a linear probe: nothing is fitted.)
 :func:`massive_channel_sets` finds the massive channel at position 0 and the complete sets of
-neurons that write it (the targets of :mod:`mechsink.chain`'s dose-responses).
+neurons that write it (the targets of :mod:`mechsink.interventions.chain`'s dose-responses).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.bridge import act_name, down_projection
-from mechsink.interventions import Intervention, applied
+from mechsink.interventions.edits import Intervention, applied
 from mechsink.measure import mlp_spikes, sink_scores
 from mechsink.measure._cache import frame
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.super_neurons import SuperNeuronSet
+from mechsink.model import act_name, down_projection
 from mechsink.names import deprecated, renamed_kwarg
 
 

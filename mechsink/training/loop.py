@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from mechsink.errors import BadInputError
+from mechsink.inputs.tasks import BigramBackcopy, TextStream
 from mechsink.io import (
     LOCK_FILE,
     atomic_write_bytes,
@@ -32,9 +33,12 @@ from mechsink.io import (
     check_writable,
     folder_lock,
 )
-from mechsink.tasks import BigramBackcopy, TextStream
-from mechsink.variants import ATTENTION_VARIANTS, apply_attention_variant, apply_headwise_rmsnorm
-from mechsink.zoo import load_weights, organism_recipe, save_organism, seeded_model
+from mechsink.model.variants import (
+    ATTENTION_VARIANTS,
+    apply_attention_variant,
+    apply_headwise_rmsnorm,
+)
+from mechsink.model.zoo import load_weights, organism_recipe, save_organism, seeded_model
 
 RUN_FORMAT = "mechsink-run/1"
 __all__ = ["RECIPES", "Recipe", "get_recipe", "train", "train_step", "checkpoint_steps",
@@ -58,8 +62,8 @@ class Recipe:
     warmup: int = 50
     weight_decay: float = 0.0
     d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
-    headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.variants)
-    attention: str = "softmax"  # or one of mechsink.variants.ATTENTION_VARIANTS (llama only)
+    headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.model.variants)
+    attention: str = "softmax"  # or one of mechsink.model.variants.ATTENTION_VARIANTS (llama only)
 
     def task(self) -> BigramBackcopy | TextStream:
         return BigramBackcopy() if self.data == "bigram-backcopy" else TextStream()
@@ -112,7 +116,7 @@ HWRMS_SUFFIX = "+hwrms"
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``, or a clear error. ``NAME+hwrms`` adds head-wise RMSNorm;
     ``NAME+VARIANT`` (a llama recipe) swaps the softmax over keys for one of
-    mechsink.variants.ATTENTION_VARIANTS, e.g. ``bb-llama-tiny+softpick``."""
+    mechsink.model.variants.ATTENTION_VARIANTS, e.g. ``bb-llama-tiny+softpick``."""
     base, *options = name.split("+")
     if base not in RECIPES:
         raise BadInputError(

@@ -36,9 +36,9 @@ from jaxtyping import Float, Int
 from scipy import stats
 from torch import Tensor, nn
 
-from mechsink.bridge import act_name, wrap_hf
 from mechsink.errors import BadInputError
-from mechsink.zoo import gpt2_tokenizer, random_config, seeded_model
+from mechsink.model import act_name, wrap_hf
+from mechsink.model.zoo import gpt2_tokenizer, random_config, seeded_model
 
 INIT_SCHEMES = ("hf", "torch", "tl-legacy")
 

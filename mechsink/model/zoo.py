@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from mechsink import assets
-from mechsink.assets import Asset
-from mechsink.bridge import plain_hf_copy, wrap_hf
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
 from mechsink.io import atomic_dir, atomic_file, atomic_write_json
+from mechsink.model import assets
+from mechsink.model.assets import Asset
+from mechsink.model.bridge import plain_hf_copy, wrap_hf
+from mechsink.model.variants import apply_variants, variants_of
 from mechsink.progress import library_bars
-from mechsink.variants import apply_variants, variants_of
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
@@ -183,7 +183,7 @@ def load_model(
     """Load a model by zoo name as a TransformerBridge in compatibility mode.
 
     ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32; ``seed`` (random
-    models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.bridge``).
+    models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.model.bridge``).
     ``tokenizer``: a transformers tokenizer to use instead of the model's own (needed for a
     folder that holds no tokenizer files, which is refused rather than given a made-up one).
     """
@@ -650,7 +650,7 @@ def save_organism(
     return folder
 
 
-BUNDLED_ORGANISMS = Path(__file__).parent / "organisms"
+BUNDLED_ORGANISMS = Path(__file__).resolve().parents[1] / "organisms"
 
 
 def organism_folder(ref: str) -> Path:
@@ -668,7 +668,7 @@ def _check_organism(folder: Path) -> None:
     if not folder.is_dir():
         raise MechsinkError(
             f"organism folder {str(folder)!r} does not exist: give the path of a folder written "
-            "by mechsink (mechsink train ... --out DIR, or mechsink.zoo.save_organism)."
+            "by mechsink (mechsink train ... --out DIR, or mechsink.model.zoo.save_organism)."
         )
     if not marker.is_file():
         raise MechsinkError(

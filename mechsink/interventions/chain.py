@@ -17,7 +17,7 @@ pushes every intervention to full removal and reads the whole curve:
   the key made by the massive channel(s) and by the rest of position ``j``'s normalised
   residual, the key bias, and the rotary position term; the parts sum to the model's own logit.
 
-Interventions are declared (:class:`mechsink.interventions.Intervention`) and always removed.
+Interventions are declared (:class:`mechsink.interventions.edits.Intervention`) and always removed.
 Sink score and rate: Gu et al. (2024), "When Attention Sink Emerges in Language Models"; super
 neurons: Yu et al. (2024), "The Super Weight in Large Language Models"; massive activations:
 Sun et al. (2024), "Massive Activations in Large Language Models".
@@ -35,7 +35,11 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.bridge import (
+from mechsink.errors import BadInputError
+from mechsink.interventions.edits import Intervention, ablate, applied
+from mechsink.measure._cache import rounded
+from mechsink.measure.sinks import DEFAULT_EPS, check_eps, sink_score
+from mechsink.model import (
     act_name,
     has_hook,
     key_bias,
@@ -43,10 +47,6 @@ from mechsink.bridge import (
     n_kv_heads,
     write_in_place,
 )
-from mechsink.errors import BadInputError
-from mechsink.interventions import Intervention, ablate, applied
-from mechsink.measure._cache import rounded
-from mechsink.measure.sinks import DEFAULT_EPS, check_eps, sink_score
 
 DEFAULT_DOSES: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0)
 LEVEL = 0.95

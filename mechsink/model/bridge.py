@@ -35,12 +35,12 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    """Import TransformerLens lazily (it takes seconds): ``mechsink.bridge.TransformerBridge``."""
+    """Import TransformerLens lazily (it takes seconds): ``mechsink.model.TransformerBridge``."""
     if name == "TransformerBridge":
         from transformer_lens.model_bridge import TransformerBridge
 
         return TransformerBridge
-    raise AttributeError(f"module 'mechsink.bridge' has no attribute {name!r}")
+    raise AttributeError(f"module 'mechsink.model.bridge' has no attribute {name!r}")
 
 __all__ = [
     "TransformerBridge",
@@ -219,9 +219,9 @@ def wrap_hf(
 
 
 def _use_variant_patterns(bridge: Any) -> None:
-    """Attention variants (mechsink.variants) replace the softmax over keys: the bridge's own
+    """Attention variants (mechsink.model.variants) replace the softmax over keys: the bridge's own
     softmax, whose output hook_pattern sees and the values are weighted by, becomes theirs."""
-    from mechsink.variants import variant_pattern_fn
+    from mechsink.model.variants import variant_pattern_fn
 
     for module in bridge.modules():
         if not hasattr(module, "_masked_softmax"):
@@ -322,7 +322,7 @@ def check_tokens(model: Any, tokens: Tensor) -> None:
         bad = low if low < 0 else high
         raise BadInputError(
             f"token id {bad} is outside this model's vocabulary (0..{vocab - 1}): pass ids from "
-            "this model's tokenizer (mechsink.bridge.to_tokens)."
+            "this model's tokenizer (mechsink.model.to_tokens)."
         )
 
 
@@ -425,7 +425,7 @@ def plain_hf_copy(model: Any) -> nn.Module:
     if not hasattr(model, "original_model"):  # already a plain transformers model
         return model
     wrapped = hf_model_of(model)
-    from mechsink.variants import apply_variants, variants_of
+    from mechsink.model.variants import apply_variants, variants_of
 
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(wrapped.config, attn_implementation="eager")
@@ -633,7 +633,7 @@ def unembed(
     return model.unembed(model.ln_final(resid_final))
 
 
-# --- census support (mechsink.census): hook presence and the weights measurements read --------
+# --- census support (mechsink.measure.census): hook presence and the weights measurements read
 
 
 def has_hook(model: Any, name: str) -> bool:

@@ -10,8 +10,9 @@ Every suite draws one *body* of T ordinary tokens per sequence from its seed; ``
 whole body, ``bos`` and ``randfirst`` put their first token in front of its first T-1 tokens.
 So the variants of one suite differ only in what sits at position 0 (and, for ``nobos``, a
 shift by one). Bodies: ``natural`` tokenises news articles and Wikipedia paragraphs from their
-start (see :mod:`mechsink.corpus`); ``random`` draws T ordinary tokens uniformly; ``repeated``
-draws one ordinary token and repeats it. "Ordinary" excludes every special or added token.
+start (see :mod:`mechsink.inputs.corpus`); ``random`` draws T ordinary tokens uniformly;
+``repeated`` draws one ordinary token and repeats it. "Ordinary" excludes every special or added
+token.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechsink.bridge import bos_token_id, check_seq_len, tokenizer_of
 from mechsink.errors import BadInputError
+from mechsink.model import bos_token_id, check_seq_len, tokenizer_of
 
 SUITES = ("natural", "random", "repeated")
 VARIANTS = ("bos", "nobos", "randfirst")
@@ -134,7 +135,7 @@ def _draw(ids: Tensor, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
 
 def _natural_bodies(model: Any, n: int, seq_len: int, seed: int) -> Tensor:
     """``n`` texts of at least ``seq_len`` tokens, each tokenised from its document's start."""
-    from mechsink.corpus import natural_documents
+    from mechsink.inputs.corpus import natural_documents
 
     docs = natural_documents()
     tok = tokenizer_of(model)

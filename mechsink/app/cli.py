@@ -52,7 +52,7 @@ def check_batch_size(batch_size: int) -> None:
 def check_context(model: str, seq_len: int, option: str) -> None:
     """``seq_len`` against the model's context, read from its config (unknown names fail
     here too); a model whose config needs the weights is checked again once loaded."""
-    from mechsink.zoo import context_of
+    from mechsink.model.zoo import context_of
 
     n_ctx = context_of(model)
     if n_ctx is not None and seq_len > n_ctx:
@@ -61,7 +61,7 @@ def check_context(model: str, seq_len: int, option: str) -> None:
 
 
 def _check_device(device: str | None) -> None:
-    from mechsink.zoo import resolve_device
+    from mechsink.model.zoo import resolve_device
 
     resolve_device(device)
 
@@ -86,7 +86,7 @@ def models(
 ) -> None:
     """List the zoo: names, architecture, parameter count and whether the weights are cached
     (a damaged conversion is not: it is rebuilt from its verified source on its next load)."""
-    from mechsink.zoo import PATTERN_HELP, list_models
+    from mechsink.model.zoo import PATTERN_HELP, list_models
 
     table = Table(title="mechsink model zoo")
     for col in ("name", "architecture", "parameters", "cached", "what it is"):
@@ -120,9 +120,9 @@ def info(
     seed: int | None = typer.Option(None, help="seed for random:... models"),
 ) -> None:
     """Load a model, print its architecture summary and a greedy continuation of a prompt."""
-    from mechsink.bridge import architecture_summary, to_tokens
-    from mechsink.generate import greedy_continue
-    from mechsink.zoo import load_model
+    from mechsink.model import architecture_summary, to_tokens
+    from mechsink.model.generate import greedy_continue
+    from mechsink.model.zoo import load_model
 
     try:
         _check_device(device)  # before the model loads
@@ -163,12 +163,12 @@ def scan(
     writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from mechsink.census import census, check_census_args, check_out_dir, summary_rows
-    from mechsink.census import write_census as write_json
+    from mechsink.inputs.prompts import SUITES, VARIANTS, check_suite_args
     from mechsink.io import check_writable
+    from mechsink.measure.census import census, check_census_args, check_out_dir, summary_rows
+    from mechsink.measure.census import write_census as write_json
     from mechsink.measure.sinks import check_eps
-    from mechsink.prompts import SUITES, VARIANTS, check_suite_args
-    from mechsink.zoo import load_model
+    from mechsink.model.zoo import load_model
 
     suites, variants = list(suite or SUITES), list(variant or VARIANTS)
     try:  # every check that needs no model, before loading one
@@ -238,7 +238,7 @@ def train(
     resume: bool = typer.Option(False, "--resume", help="continue the run held in --out"),
 ) -> None:
     """Train an organism; checkpoints load as organism:OUT/step-N."""
-    from mechsink import training
+    from mechsink.training import loop as training
 
     try:
         if out.strip() == "":
@@ -269,12 +269,12 @@ def patch(
     seed: int | None = typer.Option(None, help="seed for random:... models"),
 ) -> None:
     """Activation-patch SITE between two prompts; write the result JSON and a heatmap."""
-    from mechsink.bridge import check_seq_len
-    from mechsink.bridge import to_tokens as _to_tokens
     from mechsink.io import check_writable
+    from mechsink.model import check_seq_len
+    from mechsink.model import to_tokens as _to_tokens
+    from mechsink.model.zoo import load_model
     from mechsink.patching import activation_patch, parse_metric, parse_site
     from mechsink.viz.patching import heatmap
-    from mechsink.zoo import load_model
 
     try:  # every check that needs no model, before loading one
         chosen = parse_layers(layers, "--layers")
@@ -334,7 +334,7 @@ def circuit(
         folder = check_writable(out)  # before the work, not after it ('' is an error)
         with folder_lock(folder):
             if experiment.needs_model:
-                from mechsink.zoo import load_model
+                from mechsink.model.zoo import load_model
 
                 with console.status(f"loading {model or experiment.default_model}"):
                     the_model = load_model(model or experiment.default_model, device=device,
@@ -363,7 +363,7 @@ def sweep(
 ) -> None:
     """Run a sweep spec: shards written atomically, finished ones skipped on a rerun, merged
     into one result per job plus summary.json (local by default; --ray / --ray-address)."""
-    from mechsink.sweep import run_sweep
+    from mechsink.app.sweep import run_sweep
 
     try:
         summary = run_sweep(spec, out, ray=ray or ray_address is not None,
@@ -413,12 +413,12 @@ def discover(
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG or exact edge patching),
     pick a circuit and draw its faithfulness curves."""
-    from mechsink.ablation import KINDS
     from mechsink.discover import METHODS
     from mechsink.discover import discover as run_discovery
+    from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
+    from mechsink.model.zoo import load_model
     from mechsink.patching import parse_metric
-    from mechsink.zoo import load_model
 
     try:  # every check that needs no model, before loading one
         if method not in METHODS:
@@ -446,8 +446,8 @@ def discover(
         fail(exc)
     with _locked(folder):
         try:
-            from mechsink.bridge import to_tokens as _to_tokens
-            from mechsink.prompts import make_prompts
+            from mechsink.inputs.prompts import make_prompts
+            from mechsink.model import to_tokens as _to_tokens
 
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, seed=seed)

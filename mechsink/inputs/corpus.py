@@ -3,7 +3,7 @@
 Two files ship in that wheel's test data: ``lee_background.cor`` (300 news articles, one per
 line) and a 6 MB Wikipedia extract (bz2 XML). :func:`natural_documents` returns plain-text
 documents from both, wiki markup stripped, in a fixed order. gensim itself is never installed:
-:mod:`mechsink.assets` takes the two files out of the wheel and checks their sha256.
+:mod:`mechsink.model.assets` takes the two files out of the wheel and checks their sha256.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from functools import lru_cache
 
-from mechsink import assets
-from mechsink.assets import Asset
+from mechsink.model import assets
+from mechsink.model.assets import Asset
 
 LEE_NEWS = Asset(
     "gensim", "4.4.0", "gensim/test/test_data/lee_background.cor",

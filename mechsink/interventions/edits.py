@@ -5,9 +5,9 @@ description. :func:`applied` installs a list of them for the duration of a ``wit
 always removes them afterwards, also when the block raises. Builders here cover the edits the
 sink papers make:
 
-- :func:`ablate`: the ablations of :mod:`mechsink.ablation` (zero, batch_mean, position_mean,
-  resample; the same vocabulary as patching), scaling or setting, of heads, neurons, channels
-  and positions, at a site named in :mod:`mechsink.names`'s vocabulary (``"attn.hook_z"`` +
+- :func:`ablate`: the ablations of :mod:`mechsink.interventions.ablation` (zero, batch_mean,
+  position_mean, resample; the same vocabulary as patching), scaling or setting, of heads, neurons,
+  channels and positions, at a site named in :mod:`mechsink.names`'s vocabulary (``"attn.hook_z"`` +
   ``layer``, ``"blocks.3.hook_mlp_out"``, ``"L3H5@0"``, ``"L3N1229@0"``, ``"MLP3@0"``, ...);
 - :func:`attend_only_to_self`: make query position ``k`` attend only to itself (a second
   "position 0"; Gu et al. 2024, "When Attention Sink Emerges in Language Models");
@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.ablation import KINDS, as_ablation
-from mechsink.bridge import act_name, has_hook, key_bias, n_kv_heads, query_bias
 from mechsink.errors import BadInputError
+from mechsink.interventions.ablation import KINDS, as_ablation
+from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
 from mechsink.names import Name, parse_name, renamed_kwarg
 
 HookFn = Callable[[Tensor, Any], Tensor]
@@ -124,9 +124,9 @@ def ablate(
     A head, neuron or position in the name (``"L3H5@0"``) is the same as ``units=[5]``,
     ``positions=[0]``. ``units`` picks heads (attention sites; KV heads for k and v), neurons
     (``mlp.hook_post``) or channels (residual and output sites); ``positions`` picks sequence
-    positions (None: all). ``mode`` is one of :mod:`mechsink.ablation`'s kinds, computed on
-    the run's own activations: ``zero``; ``batch_mean`` (the mean over the run's batch at
-    each position); ``position_mean`` (the mean over the sequence's unchosen positions;
+    positions (None: all). ``mode`` is one of :mod:`mechsink.interventions.ablation`'s kinds,
+    computed on the run's own activations: ``zero``; ``batch_mean`` (the mean over the run's batch
+    at each position); ``position_mean`` (the mean over the sequence's unchosen positions;
     ``"mean"`` is the same); ``resample`` (whole sequences of the run's batch drawn with
     ``seed``). Or ``scale`` (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a
     massive channel).

@@ -126,7 +126,7 @@ def _where(spec: Path, text: str, table: str | None, key: str | None = None,
 def _check_model_name(name: str, base: Path) -> str:
     """The name the zoo loads for ``name`` (folders resolved against the spec's folder);
     a :class:`BadInputError` (its message) when the zoo cannot know it."""
-    from mechsink.zoo import NAMED_MODELS, organism_folder, random_config
+    from mechsink.model.zoo import NAMED_MODELS, organism_folder, random_config
 
     if name in NAMED_MODELS:
         return name
@@ -366,15 +366,15 @@ class ShardWorker:
         if key != self._key:
             self._model = self._key = None  # free the old model first
             self._check_available(ref["load"])
-            from mechsink.zoo import load_model
+            from mechsink.model.zoo import load_model
 
             self._model = load_model(ref["load"], device=device, seed=ref["seed"])
             self._key = key
         return self._model
 
     def _check_available(self, load: str) -> None:
-        from mechsink.assets import cache_dir
-        from mechsink.zoo import NAMED_MODELS
+        from mechsink.model.assets import cache_dir
+        from mechsink.model.zoo import NAMED_MODELS
 
         host = socket.gethostname()
         if load.startswith("organism:") and not Path(load.partition(":")[2]).exists():
@@ -408,7 +408,7 @@ class ShardWorker:
 
 
 def _run_census(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.census import census
+    from mechsink.measure.census import census
 
     s = shard["settings"]
     model = worker.model(shard["model"], shard["device"])
@@ -418,8 +418,8 @@ def _run_census(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_timeline(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.prompts import make_prompts
-    from mechsink.timeline import measure_checkpoint
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.measure.timeline import measure_checkpoint
 
     s = shard["settings"]
     model = worker.model(shard["model"], shard["device"])
@@ -429,7 +429,7 @@ def _run_timeline(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_patch(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.bridge import to_tokens
+    from mechsink.model import to_tokens
     from mechsink.patching import activation_patch, parse_metric, parse_site
 
     s = shard["settings"]
@@ -656,7 +656,7 @@ def merge(spec: Spec, shards: list[dict[str, Any]], out: Path) -> list[str]:
 
 
 def _merge_census(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    from mechsink.census import summary_rows
+    from mechsink.measure.census import summary_rows
 
     models = [{"model": s["model"]["label"], "census": r} for s, r in done]
     rows = []
@@ -676,6 +676,8 @@ def _merge_census(spec: Spec, done: list, missing: list[str], folder: Path) -> l
     paths = [atomic_write_text(folder / "census.json", _json(data)),
              atomic_write_text(folder / "census.csv", _csv(rows, list(SWEEP_CENSUS_COLUMNS)))]
     if rows:
+        from mechsink.viz.sweep import sink_rate_figure
+
         paths.append(sink_rate_figure(rows, folder / "sink_rate.png"))
     return paths
 
@@ -683,33 +685,6 @@ def _merge_census(spec: Spec, done: list, missing: list[str], folder: Path) -> l
 SWEEP_CENSUS_COLUMNS = ("model", "run", "sink_rate", "sink_rate_no_self", "massive",
                         "massive_at_position_0", "massive_channels", "super_neurons",
                         "n_layers", "n_heads")
-
-
-def sink_rate_figure(rows: list[dict[str, Any]], path: Path) -> Path:
-    """Sink rate per model, one bar per input run (as Gu et al. 2024, "When Attention Sink
-    Emerges in Language Models", draw it); a PNG without timestamps, so equal data give equal
-    bytes."""
-    from matplotlib.figure import Figure
-
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    runs = list(dict.fromkeys(r["run"] for r in rows))
-    value = {(r["model"], r["run"]): r["sink_rate"] for r in rows}
-    fig = Figure(figsize=(max(4.0, 0.9 * len(models) + 2), 3.6))
-    ax = fig.add_subplot()
-    width = 0.8 / len(runs)
-    for j, run in enumerate(runs):
-        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(models))]
-        ax.bar(xs, [100 * value.get((m, run), 0.0) for m in models], width, label=run)
-    ax.set_xticks(range(len(models)), models, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("sink rate (% of heads, key 0)")
-    ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})
-    from mechsink.io import atomic_write_bytes
-
-    return atomic_write_bytes(path, buf.getvalue())
 
 
 def _merge_timeline(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:

@@ -22,8 +22,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.bridge import act_name
 from mechsink.errors import BadInputError
+from mechsink.model import act_name
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def bias_logit_split(model: Any, tokens: Tensor, layer: int, *, tol: float = 1e-
     vectors are the rotated biases, and the four parts sum to the model's own
     ``hook_attn_scores`` (checked on the causal part to ``tol`` relative to the logits' scale).
     """
-    from mechsink.bridge import has_hook, n_kv_heads, query_bias
+    from mechsink.model import has_hook, n_kv_heads, query_bias
 
     b_q = query_bias(model, layer)
     b_k_all = getattr(model, "b_K", None)
