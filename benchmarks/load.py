@@ -33,7 +33,7 @@ for name in ("torch", "transformers", "transformer_lens.model_bridge", "mechsink
     now = time.perf_counter()
     phases["import " + name] = now - t
     t = now
-import mechsink.model.bridge, mechsink.model.zoo, transformers
+import importlib, pkgutil, mechsink.model, transformers
 
 stack = [0.0]  # time spent in timed calls nested in the current one (phases are exclusive)
 
@@ -54,9 +54,10 @@ def timed(label, fn):
 for cls, label in ((transformers.AutoModelForCausalLM, "from_pretrained (model)"),
                    (transformers.AutoTokenizer, "tokenizer")):
     cls.from_pretrained = timed(label, cls.from_pretrained.__func__).__get__(cls)
-wrapped = timed("bridge (wrap_hf, less the tokenizer)", mechsink.model.bridge.wrap_hf)
-for mod in (mechsink.model.bridge, mechsink.model.zoo):
-    if hasattr(mod, "wrap_hf"):
+wrapped = timed("bridge (wrap_hf, less the tokenizer)", mechsink.model.wrap_hf)
+for info in pkgutil.walk_packages(mechsink.model.__path__, "mechsink.model."):
+    mod = importlib.import_module(info.name)  # every module that calls wrap_hf by its own name
+    if getattr(mod, "wrap_hf", None) is mechsink.model.wrap_hf:
         setattr(mod, "wrap_hf", wrapped)
 t1 = time.perf_counter()
 mechsink.load_model(sys.argv[1], device="cpu")

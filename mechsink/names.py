@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mechsink.errors import BadInputError
-from mechsink.model.bridge import _get_act_name, act_name, n_kv_heads
+from mechsink.model import act_name, n_kv_heads
+from mechsink.model import tl_get_act_name as _get_act_name
 
 
 class MechsinkDeprecationWarning(DeprecationWarning):

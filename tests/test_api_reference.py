@@ -65,7 +65,7 @@ def test_every_public_function_is_in_the_api_reference() -> None:
             if not covered(name, attr, obj):
                 missing.append(f"{name}.{attr}")
     assert missing == [], f"add these to a page under docs/api: {missing}"
-    for must in ("mechsink.interventions.readout", "mechsink.model.bridge.wrap_hf"):
+    for must in ("mechsink.interventions.readout", "mechsink.model.adapter.wrap_hf"):
         assert must in named  # what the first notebook user could not find
 
 

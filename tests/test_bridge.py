@@ -172,3 +172,120 @@ def test_wrap_hf_without_tokenizer_never_touches_the_network(monkeypatch):
     tokens = torch.tensor([[50256, 15496, 995]])
     with torch.no_grad():
         assert (model(tokens) - hf(tokens).logits).abs().max().item() < 1e-4
+
+
+# --- weights: the attention scale and the key projections, against the model's own hooks ----
+
+
+def _tiny(kind: str):
+    """A bridge the fixtures do not cover: Gemma 3 whose query_pre_attn_scalar (144) is not
+    head_dim (16), GPT-2 scaled by the inverse layer index, Qwen2 (GQA) with key biases."""
+    from transformers import Gemma3TextConfig, GPT2Config, Qwen2Config
+
+    from mechsink.model import wrap_hf
+    from mechsink.model.zoo import seeded_model
+
+    small = dict(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    if kind == "gemma3":
+        config = Gemma3TextConfig(**small, head_dim=16, query_pre_attn_scalar=144,
+                                  sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention"])
+    elif kind == "gpt2-inverse-layer":
+        config = GPT2Config(n_layer=3, n_embd=64, n_head=4, n_positions=64, vocab_size=1000,
+                            scale_attn_by_inverse_layer_idx=True)
+    else:
+        config = Qwen2Config(**small)
+    hf = seeded_model(config, seed=0)
+    if kind == "qwen2":
+        with torch.no_grad():  # learned-looking biases (they start at zero)
+            for layer in hf.model.layers:
+                layer.self_attn.k_proj.bias.normal_(0, 1, generator=torch.Generator()
+                                                    .manual_seed(layer.self_attn.layer_idx))
+    return wrap_hf(hf, None, name=kind)
+
+
+@pytest.mark.parametrize("name", ["gpt2_tiny", "llama_tiny", "gemma3", "gpt2-inverse-layer"])
+def test_attention_scale_is_what_the_attention_scores_are_divided_by(request, name):
+    """q . k / attention_scale(model, layer) == the model's own hook_attn_scores on every
+    visible key (GPT-2 style, Llama style with GQA and rotary, Gemma 3 with q/k norms,
+    query_pre_attn_scalar and a sliding window, GPT-2 with a scale per layer)."""
+    from mechsink.model import act_name, attention_scale, n_kv_heads
+
+    model = request.getfixturevalue(name) if name.endswith("_tiny") else _tiny(name)
+    tokens = torch.randint(0, 1000, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    group = int(model.cfg.n_heads) // n_kv_heads(model)
+    for layer in range(int(model.cfg.n_layers)):
+        def final(kind: str, layer: int = layer) -> torch.Tensor:  # what enters q . k
+            rotated = act_name(f"rot_{kind}", layer)
+            return cache[rotated] if rotated in cache else cache[act_name(kind, layer)]
+
+        q, k = final("q"), final("k").repeat_interleave(group, dim=2)
+        dots = torch.einsum("bqhd,bkhd->bhqk", q, k)
+        scores = cache[act_name("attn_scores", layer)]
+        visible = scores > torch.finfo(scores.dtype).min / 2
+        assert visible.sum() > 0
+        torch.testing.assert_close((dots / attention_scale(model, layer))[visible],
+                                   scores[visible], rtol=1e-5, atol=1e-5)
+    if name == "gemma3":
+        assert attention_scale(model) == pytest.approx(12.0)  # sqrt(144), not sqrt(16)
+    if name == "gpt2-inverse-layer":
+        assert [attention_scale(model, layer) for layer in range(3)] == [4.0, 8.0, 12.0]
+        with pytest.raises(BadInputError, match="differs between layers"):
+            attention_scale(model)
+    else:
+        assert attention_scale(model) == attention_scale(model, 0)
+
+
+def test_attention_scale_refuses_a_layer_the_model_has_not(gpt2_tiny):
+    from mechsink.model import attention_scale
+
+    with pytest.raises(BadInputError, match="outside 0..1"):
+        attention_scale(gpt2_tiny, 2)
+
+
+def test_key_accessors_on_a_grouped_model_with_key_biases():
+    """On a bridge with GQA and learned key biases (Qwen2), hook_k is the attention input times
+    key_weights plus key_bias, per KV head."""
+    from mechsink.model import act_name, key_bias, key_weights, n_kv_heads
+
+    model = _tiny("qwen2")
+    tokens = torch.randint(0, 1000, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    w_k, b_k = key_weights(model), key_bias(model)
+    assert b_k is not None and b_k.abs().max() > 0.5
+    assert w_k.shape == (2, n_kv_heads(model), 64, 16) and b_k.shape == (2, 2, 16)
+    for layer in range(2):
+        x = cache[f"blocks.{layer}.attn.hook_in"]
+        mine = torch.einsum("bpd,gde->bpge", x, w_k[layer]) + b_k[layer]
+        torch.testing.assert_close(mine, cache[act_name("k", layer)], rtol=1e-5, atol=1e-5)
+
+
+# --- the patches of TransformerLens / transformers internals -----------------------------------
+
+
+def test_every_patch_names_the_versions_it_targets_and_they_are_installed():
+    """Each module of mechsink.model.patches says what it targets, why and when it can go, and
+    the installed libraries are the versions it was written against (a new major version
+    fails here, so that someone checks the patch again)."""
+    import importlib
+    import pkgutil
+    from importlib.metadata import version
+
+    from packaging.specifiers import SpecifierSet
+
+    import mechsink.model.patches as patches
+
+    found = [m.name for m in pkgutil.iter_modules(patches.__path__)]
+    assert len(found) >= 8
+    for name in found:
+        module = importlib.import_module(f"mechsink.model.patches.{name}")
+        doc = module.__doc__ or ""
+        assert all(part in doc for part in ("Targets:", "Why:", "Remove when:")), name
+        assert f"patches.{name}`" in (patches.__doc__ or ""), f"{name} is not listed"
+        assert module.TARGETS, name
+        for package, spec in module.TARGETS.items():
+            assert version(package) in SpecifierSet(spec), (name, package, version(package))

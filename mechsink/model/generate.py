@@ -8,7 +8,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from mechsink.model.bridge import check_seq_len
+from mechsink.model.tokens import check_seq_len
 
 
 @torch.no_grad()

@@ -16,7 +16,9 @@ shape: each attention module's output projection is replaced by :class:`Attentio
 which holds the variant's parameters, its pattern function (what replaces the softmax over keys)
 and what it does to ``z`` before ``W_O``. The name is recorded in ``config.mechsink_variants``
 and re-applied when an organism is loaded. The transformers forward and the TransformerBridge
-both compute the pattern with :meth:`AttentionVariantOut.pattern`, so ``hook_attn_scores`` (the
+both compute the pattern with :meth:`AttentionVariantOut.pattern` (the patches
+:mod:`~mechsink.model.patches.variant_attention` and
+:mod:`~mechsink.model.patches.variant_patterns`), so ``hook_attn_scores`` (the
 scaled, masked logits), ``hook_pattern`` (the weights that multiply the values), ``hook_z`` and
 the rest keep their meaning:
 
@@ -43,7 +45,6 @@ output mass per key, and that share at key 0 is its "sink score".
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
+from mechsink.model.patches import variant_attention
 
 HEADWISE_RMSNORM = "headwise_rmsnorm"
 ATTENTION_VARIANTS = ("softmax1", "sink_logit", "gated", "softpick", "sigmoid", "kv_bias")
@@ -199,38 +201,6 @@ class AttentionVariantOut(nn.Module):
         return self.proj(z)
 
 
-def _variant_attention_forward(self: nn.Module, hidden_states: Tensor,
-                               position_embeddings: tuple[Tensor, Tensor] | None = None,
-                               attention_mask: Tensor | None = None, cache: Any = None,
-                               past_key_values: Any = None, **kwargs: Any
-                               ) -> tuple[Tensor, Tensor]:
-    """A Llama attention forward whose softmax is the variant's pattern (eager, any mask)."""
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
-
-    cache = cache if cache is not None else past_key_values
-    input_shape = hidden_states.shape[:-1]
-    hidden_shape = (*input_shape, -1, self.head_dim)
-    q = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    k = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    v = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    q, k = apply_rotary_pos_emb(q, k, cos, sin)
-    if cache is not None:
-        k, v = cache.update(k, v, self.layer_idx)
-    k, v = repeat_kv(k, self.num_key_value_groups), repeat_kv(v, self.num_key_value_groups)
-    scores = torch.matmul(q, k.transpose(2, 3)) * self.scaling
-    n_q, n_k = scores.shape[-2:]
-    causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
-    scores = scores.masked_fill(~causal, float("-inf"))
-    if attention_mask is not None:
-        mask = attention_mask[..., -n_k:]
-        scores = (scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool
-                  else scores + mask)
-    pattern = self.mechsink_pattern(scores)
-    out = torch.matmul(pattern, v).transpose(1, 2).reshape(*input_shape, -1).contiguous()
-    return self.o_proj(out), pattern
-
-
 def apply_attention_variant(model: nn.Module, kind: str) -> nn.Module:
     """Give every attention module of a Llama-family transformers model the variant ``kind``
     (one of :data:`ATTENTION_VARIANTS`), in place; recorded in ``config.mechsink_variants``."""
@@ -257,8 +227,7 @@ def apply_attention_variant(model: nn.Module, kind: str) -> nn.Module:
         attn.o_proj = variant
         attn.q_proj.register_forward_hook(variant.remember)
         attn.mechsink_variant = kind
-        attn.mechsink_pattern = variant.pattern  # a method, not a submodule: found after wrapping
-        attn.forward = types.MethodType(_variant_attention_forward, attn)
+        variant_attention.install(attn, variant.pattern)
     _record(config, kind)
     return model
 
@@ -273,7 +242,7 @@ def attention_variant_of(model_or_config: Any) -> str | None:
 def variant_pattern_fn(hf_attention: nn.Module) -> Any:
     """The pattern function of a transformers attention module with a variant (else None):
     what the bridge calls where it would take the softmax over keys."""
-    return getattr(hf_attention, "mechsink_pattern", None)
+    return variant_attention.pattern_of(hf_attention)
 
 
 def sink_pattern(pattern: Float[Tensor, "... q k"], variant: str | None

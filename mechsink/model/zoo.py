@@ -35,8 +35,8 @@ from torch import nn
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
 from mechsink.io import atomic_dir, atomic_file, atomic_write_json
 from mechsink.model import assets
+from mechsink.model.adapter import plain_hf_copy, wrap_hf
 from mechsink.model.assets import Asset
-from mechsink.model.bridge import plain_hf_copy, wrap_hf
 from mechsink.model.variants import apply_variants, variants_of
 from mechsink.progress import library_bars
 
@@ -183,7 +183,8 @@ def load_model(
     """Load a model by zoo name as a TransformerBridge in compatibility mode.
 
     ``device`` defaults to CUDA when available, else CPU; ``dtype`` to float32; ``seed`` (random
-    models only) to 0. ``fold_weights=False`` keeps the raw weights (see ``mechsink.model.bridge``).
+    models only) to 0. ``fold_weights=False`` keeps the raw weights (see
+    :mod:`mechsink.model.adapter`).
     ``tokenizer``: a transformers tokenizer to use instead of the model's own (needed for a
     folder that holds no tokenizer files, which is refused rather than given a made-up one).
     """

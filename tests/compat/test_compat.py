@@ -105,18 +105,17 @@ def test_hooked_transformer_prefix_reuse(family: str) -> None:
     reads the prefix from them equals the full forward (TransformerLens's own, unpatched)."""
     if not _compat.has_hooked_transformer():
         pytest.skip(f"TransformerLens {TL} has no HookedTransformer (removed in 4.0).")
-    from mechsink.model import bridge
+    from mechsink.model import act_name, run_from_layer, run_with_kv, supports_prefix_reuse
 
     model = _compat.hooked_transformer(family)
-    assert bridge.supports_prefix_reuse(model)
+    assert supports_prefix_reuse(model)
     tokens = torch.randint(0, 50000, (2, 12), generator=torch.Generator().manual_seed(4))
-    name = bridge.act_name("resid_pre", 1)
+    name = act_name("resid_pre", 1)
     with torch.no_grad():
-        logits, acts, kv = bridge.run_with_kv(model, tokens, [name])
+        logits, acts, kv = run_with_kv(model, tokens, [name])
         assert kv is not None
         full, cache = model.run_with_cache(tokens)
-        suffix = bridge.run_from_layer(model, acts[name][:, 5:].repeat(3, 1, 1), 1,
-                                       prefix=(kv, 5))
+        suffix = run_from_layer(model, acts[name][:, 5:].repeat(3, 1, 1), 1, prefix=(kv, 5))
     assert suffix is not None
     assert (logits - full).abs().max().item() < 1e-5
     assert (suffix - full[:, 5:].repeat(3, 1, 1)).abs().max().item() < _compat.TOLERANCE

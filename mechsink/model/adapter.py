@@ -1,0 +1,170 @@
+"""Turn the model a researcher holds into one every mechsink function takes, and back.
+
+Everything else in mechsink talks to a model through the surface TransformerLens models share
+(``run_with_cache``, ``run_with_hooks``, ``hooks()``, ``cfg``, ``start_at_layer`` /
+``stop_at_layer`` and the standard hook names). :func:`wrap` turns a transformers model into a
+``TransformerBridge`` and passes a bridge or a ``HookedTransformer`` through;
+:func:`plain_hf_copy` gives the plain transformers model back (for saving).
+
+Weight processing: by default the bridge keeps the raw Hugging Face weights
+(``enable_compatibility_mode(no_processing=True)``), so residual norms and massive activations
+equal the original model's. ``fold_weights=True`` applies HookedTransformer's load-time
+processing instead (fold LayerNorm, centre writing weights and unembedding): logits are
+unchanged, but residual-stream values are not, so the massive-activation figures change.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from mechsink.errors import BadInputError
+from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
+from mechsink.model.patches.offline import offline
+from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
+from mechsink.model.patches.variant_patterns import use_variant_patterns
+from mechsink.model.tokens import bos_token_id
+from mechsink.model.variants import apply_variants, variants_of
+from mechsink.model.versions import old_bridge_error, tl_major
+from mechsink.model.weights import n_kv_heads
+
+if TYPE_CHECKING:
+    from transformer_lens.model_bridge import TransformerBridge
+
+ACCEPTED = ("a TransformerLens TransformerBridge, a TransformerLens HookedTransformer, or a "
+            "transformers causal language model (a PreTrainedModel with a language-model head)")
+
+
+def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
+         fold_weights: bool = False) -> Any:
+    """Any model a researcher holds, ready for every mechsink function.
+
+    - a transformers causal LM in memory: wrapped in a TransformerBridge (raw weights, eager
+      attention; see :func:`wrap_hf`), with ``tokenizer`` (without one, pass token ids, not
+      text). No network is used: the tokenizer is never looked up by name.
+    - a TransformerLens ``HookedTransformer`` or ``TransformerBridge``: returned as it is (a
+      ``tokenizer`` is attached only when the model has none).
+
+    Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
+    results (default: the transformers config's ``name_or_path``, else the class name).
+    """
+    if is_bridge(model) or is_hooked_transformer(model):
+        if tokenizer is not None and getattr(model, "tokenizer", None) is None:
+            if is_hooked_transformer(model):
+                model.set_tokenizer(tokenizer)
+            else:
+                model.tokenizer = tokenizer
+        return model
+    if is_hf_causal_lm(model):
+        label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
+            type(model).__name__
+        return wrap_hf(model, tokenizer, name=str(label), fold_weights=fold_weights)
+    if isinstance(model, str):
+        raise TypeError(f"mechsink.wrap takes a model object, not the string {model!r}: "
+                        "load a named model with mechsink.load_model(name).")
+    raise TypeError(f"mechsink.wrap cannot use a {type(model).__module__}."
+                    f"{type(model).__name__}: it accepts {ACCEPTED}.")
+
+
+def wrap_hf(
+    hf_model: nn.Module, tokenizer: Any, *, name: str, fold_weights: bool = False
+) -> TransformerBridge:
+    """Wrap a loaded transformers causal LM in a TransformerBridge in compatibility mode.
+
+    The model is switched to eager attention (so ``hook_pattern`` fires) and to eval mode.
+    ``fold_weights=False`` keeps the raw weights (the default for sink work; see module doc).
+    ``tokenizer=None`` gives a bridge without a tokenizer (token ids only); nothing is looked
+    up by ``name``, and no network is used.
+    """
+    if tl_major() < 4:
+        raise old_bridge_error()
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf_model.eval()
+    config = getattr(hf_model, "config", None)
+    if config is not None and not getattr(config, "architectures", None):
+        # GGUF and from_config models carry no `architectures`; the bridge picks its adapter by it.
+        config.architectures = [type(hf_model).__name__]
+    no_lookup = no_tokenizer_lookup() if tokenizer is None else nullcontext()
+    with warnings.catch_warnings(), offline(), no_lookup:
+        warnings.simplefilter("ignore")
+        previous = logging.getLogger().level
+        logging.getLogger().setLevel(logging.ERROR)
+        try:
+            bridge = TransformerBridge.boot_transformers(
+                name, hf_model=hf_model, tokenizer=tokenizer
+            )
+            bridge.enable_compatibility_mode(no_processing=not fold_weights, disable_warnings=True)
+        finally:
+            logging.getLogger().setLevel(previous)
+    use_variant_patterns(bridge)
+    bridge.eval()
+    return bridge
+
+
+def architecture_summary(model: Any) -> dict[str, Any]:
+    """A small JSON-able description of the architecture (what `mechsink models` prints)."""
+    cfg = model.cfg
+    try:
+        module = hf_model_of(model)
+    except BadInputError:  # a TransformerLens 2/3 HookedTransformer
+        module = model
+    arch = type(module).__name__
+    if is_hooked_transformer(model):  # the architecture its weights came from, when known
+        arch = str(getattr(cfg, "original_architecture", None) or arch)
+    return {
+        "architecture": arch,
+        "n_layers": int(cfg.n_layers),
+        "n_heads": int(cfg.n_heads),
+        "n_kv_heads": n_kv_heads(model),
+        "d_model": int(cfg.d_model),
+        "d_head": int(cfg.d_head),
+        "d_mlp": int(cfg.d_mlp) if cfg.d_mlp else None,
+        "n_ctx": int(cfg.n_ctx),
+        "d_vocab": int(cfg.d_vocab),
+        "positional_embedding": str(cfg.positional_embedding_type),
+        "normalization": str(cfg.normalization_type),
+        "activation": str(cfg.act_fn),
+        "gated_mlp": bool(getattr(cfg, "gated_mlp", False)),
+        "n_params": sum(p.numel() for p in module.parameters()),
+        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "bos_token_id": bos_token_id(model),
+    }
+
+
+def plain_hf_copy(model: Any) -> nn.Module:
+    """A fresh, unwrapped transformers model holding the bridge's current weights (a plain
+    transformers model is returned as it is).
+
+    The bridge rewires the wrapped model in place (its state dict then holds bridge aliases),
+    so saving goes through this copy: every wrapped key, with ``._original_component`` removed,
+    is matched to the plain model's own key names.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if not hasattr(model, "original_model"):  # already a plain transformers model
+        return model
+    wrapped = hf_model_of(model)
+    with torch.device("meta"):
+        plain = AutoModelForCausalLM.from_config(wrapped.config, attn_implementation="eager")
+        apply_variants(plain, variants_of(wrapped.config))
+    wanted = set(plain.state_dict())
+    weights: dict[str, Tensor] = {}
+    for key, value in wrapped.state_dict().items():
+        clean = key.replace("._original_component", "")
+        if clean in wanted and clean not in weights:
+            weights[clean] = value.detach().clone()
+    missing = wanted - set(weights)
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if missing - tied:
+        lost = sorted(missing - tied)[:5]
+        raise RuntimeError(f"could not recover weights {lost} from the bridge")
+    plain.load_state_dict(weights, strict=False, assign=True)
+    if tied:
+        plain.tie_weights()
+    return plain.eval()

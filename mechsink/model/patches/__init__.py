@@ -1,0 +1,23 @@
+"""Every change mechsink makes to TransformerLens's or transformers' own behaviour, one module
+each, each naming the library versions it was written against (``TARGETS``, checked against
+the installed ones by the tests), why it is needed and when it can go:
+
+- :mod:`~mechsink.model.patches.offline`: the model hub switched off while a model in memory is
+  wrapped.
+- :mod:`~mechsink.model.patches.tokenizer_lookup`: no tokenizer looked up by the model's name.
+- :mod:`~mechsink.model.patches.variant_attention`: a Llama attention forward whose softmax is
+  an attention variant's pattern (transformers side).
+- :mod:`~mechsink.model.patches.variant_patterns`: the bridge's softmax replaced by the
+  variant's pattern (TransformerLens side).
+- :mod:`~mechsink.model.patches.skip_blocks`: a forward from a layer skips the blocks before
+  it.
+- :mod:`~mechsink.model.patches.growing_batch`: attention masks that follow a batch growing
+  mid-forward.
+- :mod:`~mechsink.model.patches.cache_keyword`: the bridge's attention reads the transformers
+  cache under its transformers 5 keyword.
+- :mod:`~mechsink.model.patches.gguf_quantisation`: a model decoded from GGUF no longer
+  marked as quantised.
+
+Each patch is undone on exit where it is a context manager; the others change only an object
+mechsink built (a wrapped model's modules, a freshly decoded model).
+"""
