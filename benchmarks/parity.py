@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from mechsink import load_model
 from mechsink.model import to_tokens
-from mechsink.model.zoo import _converted_dir, random_hf_model
+from mechsink.model.zoo import converted_dir, random_hf_model
 
 TEXT = "Attention sinks appear in nearly every language model, at position zero. " * 3
 
@@ -24,7 +24,7 @@ def plain_model(name: str):
     if name.startswith("random:"):
         return random_hf_model(name.removeprefix("random:"), seed=0)[0]
     return AutoModelForCausalLM.from_pretrained(
-        str(_converted_dir(name)), dtype=torch.float32, attn_implementation="eager"
+        str(converted_dir(name)), dtype=torch.float32, attn_implementation="eager"
     ).eval()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,7 +32,8 @@ def fake(tmp_path, monkeypatch):
         tok.save_pretrained(folder)
 
     monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(zoo.NAMED_MODELS, NAME, ZooEntry(NAME, "a tiny fake", build))
+    source = SimpleNamespace(build=lambda folder, name: build(folder))
+    monkeypatch.setitem(zoo.NAMED_MODELS, NAME, ZooEntry(NAME, "a tiny fake", source))
     return builds, expected, tmp_path / "cache" / "models" / NAME
 
 
@@ -163,3 +165,75 @@ def test_models_verify_command(fake):
     _keep_mtime(folder / "model.safetensors", _ff_in_middle)
     bad = CliRunner().invoke(app, ["models", "--verify"])
     assert bad.exit_code == 1 and "sha256" in bad.output and NAME in bad.output
+
+
+# --- a GGUF split over packages, joined in order and checked ---------------------------------
+
+
+def _packaged_parts(tmp_path, monkeypatch, chunks):
+    """Assets whose files already sit in a temporary cache (as fetched), pinned by hashlib."""
+    import hashlib
+
+    from mechsink.model import assets
+    from mechsink.model.assets import Asset
+
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path / "cache"))
+    parts = []
+    for i, chunk in enumerate(chunks):
+        asset = Asset(f"fake-gguf-part{i + 1}", "1.0.0", f"fake_gguf_part{i + 1}/data/part{i}",
+                      hashlib.sha256(chunk).hexdigest())
+        path = assets.cached_path(asset)
+        path.parent.mkdir(parents=True)
+        path.write_bytes(chunk)
+        parts.append(asset)
+    return tuple(parts)
+
+
+def test_a_gguf_in_parts_is_joined_in_order_and_replaces_them(tmp_path, monkeypatch):
+    import hashlib
+
+    from mechsink.model import assets
+    from mechsink.model.zoo import GGUF
+
+    chunks = [b"GGUF" + bytes(range(200)), b"\x01" * 3000, b"tail"]
+    parts = _packaged_parts(tmp_path, monkeypatch, chunks)
+    whole = b"".join(chunks)
+    source = GGUF(parts, joined="fake.gguf", joined_sha256=hashlib.sha256(whole).hexdigest())
+    path = source.fetch("fake-model")
+    assert path == tmp_path / "cache" / "assets" / "fake-model" / "fake.gguf"
+    assert path.read_bytes() == whole
+    assert not any(assets.cached_path(p).exists() for p in parts)  # the join replaced them
+    assert source.fetch("fake-model") == path  # found again by its hash, nothing refetched
+
+
+def test_a_joined_gguf_that_misses_its_published_hash_is_refused(tmp_path, monkeypatch):
+    from mechsink.errors import MechsinkError
+    from mechsink.model.zoo import GGUF
+
+    parts = _packaged_parts(tmp_path, monkeypatch, [b"GGUF-a", b"b"])
+    source = GGUF(parts, joined="fake.gguf", joined_sha256="0" * 64)
+    with pytest.raises(MechsinkError, match="published sha256"):
+        source.fetch("fake-model")
+    assert not (tmp_path / "cache" / "assets" / "fake-model" / "fake.gguf").exists()
+
+
+def test_a_gguf_in_parts_needs_the_joined_name_and_hash():
+    from mechsink.model.assets import Asset
+    from mechsink.model.zoo import GGUF
+
+    part = Asset("p", "1", "p/x", "0" * 64)
+    with pytest.raises(ValueError, match="joined"):
+        GGUF((part, part))
+
+
+def test_a_new_entry_is_listed_named_and_loaded(fake):
+    """Adding a zoo model is one entry: load_model, list_models, known_names and the unknown-name
+    error all see it."""
+    from mechsink.errors import UnknownModelError
+
+    _, expected, _ = fake
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    assert NAME in zoo.known_names()
+    assert [r["description"] for r in zoo.list_models() if r["name"] == NAME] == ["a tiny fake"]
+    with pytest.raises(UnknownModelError, match=NAME):
+        load_model("fake-tiny-2")

@@ -10,7 +10,7 @@ import torch
 from mechsink import load_model, save_organism
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
 from mechsink.model import hf_model_of, n_kv_heads, to_tokens
-from mechsink.model.zoo import _converted_dir, random_hf_model
+from mechsink.model.zoo import converted_dir, random_hf_model
 
 TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
 
@@ -66,7 +66,7 @@ def _plain_converted(name: str):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        str(_converted_dir(name)), dtype=torch.float32, attn_implementation="eager"
+        str(converted_dir(name)), dtype=torch.float32, attn_implementation="eager"
     ).eval()
 
 
@@ -89,10 +89,10 @@ def test_qwen25_matches_transformers_own_gguf_load():
     has the learned query and key biases it is in the zoo for."""
     from transformers import AutoModelForCausalLM
 
-    from mechsink.model.zoo import _gguf_path
+    from mechsink.model.zoo import gguf_file
 
     qwen = load_model("qwen2.5-0.5b", device="cpu")
-    gguf = _gguf_path("qwen2.5-0.5b")
+    gguf = gguf_file("qwen2.5-0.5b")
     plain = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()

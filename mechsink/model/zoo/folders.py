@@ -1,0 +1,100 @@
+"""Load a model folder (config, weights, tokenizer) as a plain transformers model, refusing one
+that would load with a made-up tokenizer or weights that do not match its config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from mechsink.errors import MechsinkError
+from mechsink.model.variants import apply_variants, variants_of
+
+# Any of these in a folder is a tokenizer transformers can load (without one, AutoTokenizer
+# builds a tokenizer that knows a single token and turns every text into id 0).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model",
+                   "spiece.model", "vocab.txt", "merges.txt")
+
+
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuse a model folder that holds no tokenizer, before loading anything."""
+    if any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return
+    raise MechsinkError(
+        f"{folder} holds no tokenizer files (none of {', '.join(TOKENIZER_FILES)}), and "
+        "mechsink will not load a model with a made-up tokenizer. Save the tokenizer beside the "
+        "weights (tokenizer.save_pretrained(folder)), or pass one: "
+        "mechsink.load_model('hf:<folder>', tokenizer=tok), or load the model yourself and call "
+        "mechsink.wrap(model, tokenizer=tok)."
+    )
+
+
+def from_folder(folder: Path, dtype: torch.dtype,
+                own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
+    """The (transformers model, tokenizer) in ``folder`` (the tokenizer None when
+    ``own_tokenizer=False``: the caller brings one)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if own_tokenizer and isinstance(folder, Path):
+        check_tokenizer_files(folder)
+    config = AutoConfig.from_pretrained(str(folder))
+    if variants_of(config):
+        model = _with_variants_from_folder(folder, config, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype, attn_implementation="eager"
+        )
+    if not own_tokenizer:
+        return model.eval(), None
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    if len(tokenizer) < 2:
+        raise MechsinkError(
+            f"the tokenizer in {folder} knows {len(tokenizer)} token(s): it is not this model's "
+            "tokenizer. Save the real one there, or pass it: "
+            "mechsink.load_model(..., tokenizer=tok).")
+    return model.eval(), tokenizer
+
+
+def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) -> nn.Module:
+    """Build a model whose architecture mechsink edited (:mod:`mechsink.model.variants`), then
+    load its weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+    apply_variants(model, variants_of(config))
+    return load_weights(model, folder).to(dtype)
+
+
+def load_weights(model: nn.Module, folder: Path) -> nn.Module:
+    """Load ``folder/model.safetensors`` into ``model`` in place; every weight must match (a
+    tied ``lm_head`` may be absent from the file and is re-tied)."""
+    from safetensors.torch import load_file
+
+    missing, unexpected = model.load_state_dict(
+        load_file(str(folder / "model.safetensors")), strict=False
+    )
+    if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
+        raise MechsinkError(f"{folder} does not match its config: missing {missing[:3]}, "
+                            f"unexpected {unexpected[:3]}")
+    if missing:
+        model.tie_weights()
+    return model
+
+
+def from_hub_or_folder(ref: str, dtype: torch.dtype,
+                       own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
+    """``hf:<ref>``: a local folder, or a hub id transformers can load."""
+    folder = Path(ref) if Path(ref).is_dir() else None
+    if folder is not None and own_tokenizer:
+        check_tokenizer_files(folder)  # before the weights load: a clear error, fast
+    try:
+        return from_folder(folder or ref, dtype, own_tokenizer)  # type: ignore[arg-type]
+    except (OSError, ValueError) as exc:
+        raise MechsinkError(
+            f"transformers could not load {ref!r}: {exc}\n"
+            "Give a local folder holding config.json, weights and tokenizer files, or a hub id on "
+            "a machine with hub access."
+        ) from exc
+
