@@ -53,7 +53,7 @@ $(COMPAT)/tl%/.stamp: $(STAMP)
 
 compat: setup compat-envs
 	mkdir -p $(dir $(COMPAT_REF))
-	$(BIN)/python tests/compat/reference.py $(COMPAT_REF)
+	$(BIN)/python -m tests.compat.reference $(COMPAT_REF)
 	set -e; for v in $(COMPAT_TLS); do \
 	  echo "compatibility suite under TransformerLens $$v"; \
 	  MECHSINK_COMPAT_REFERENCE=$(COMPAT_REF) $(COMPAT)/tl$$v/bin/python -m pytest -q \

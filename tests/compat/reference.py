@@ -2,7 +2,7 @@
 tiny family, in this environment (``make test`` runs it in the main environment, then the suite
 in each TransformerLens environment compares against the file).
 
-Usage: ``python tests/compat/reference.py OUT.pt``
+Usage, from the repository root: ``python -m tests.compat.reference OUT.pt``
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
 
-import _compat  # noqa: E402
-import torch  # noqa: E402
+from . import _compat
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def main(out: str) -> None:

@@ -18,15 +18,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import _compat  # noqa: E402
+from . import _compat
 
 TL = _compat.transformer_lens_version()
 
@@ -120,3 +117,27 @@ def test_hooked_transformer_prefix_reuse(family: str) -> None:
     assert (logits - full).abs().max().item() < 1e-5
     assert (suffix - full[:, 5:].repeat(3, 1, 1)).abs().max().item() < _compat.TOLERANCE
     assert torch.equal(acts[name], cache[name])
+
+
+@pytest.mark.parametrize("family", _compat.FAMILIES)
+def test_attention_scale_on_a_hooked_transformer(family: str) -> None:
+    """attention_scale is what a HookedTransformer divides q . k by (its own hook_attn_scores)."""
+    if not _compat.has_hooked_transformer():
+        pytest.skip(f"TransformerLens {TL} has no HookedTransformer (removed in 4.0).")
+    from mechsink.model import act_name, attention_scale, n_kv_heads
+
+    model = _compat.hooked_transformer(family)
+    tokens = torch.randint(0, 50000, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens)
+    group = int(model.cfg.n_heads) // n_kv_heads(model)
+    for layer in range(int(model.cfg.n_layers)):
+        rot_q, rot_k = act_name("rot_q", layer), act_name("rot_k", layer)
+        q = cache[rot_q] if rot_q in cache else cache[act_name("q", layer)]
+        k = cache[rot_k] if rot_k in cache else cache[act_name("k", layer)]
+        if k.shape[2] != q.shape[2]:
+            k = k.repeat_interleave(group, dim=2)
+        dots = torch.einsum("bqhd,bkhd->bhqk", q, k) / attention_scale(model, layer)
+        scores = cache[act_name("attn_scores", layer)]
+        visible = torch.ones(9, 9, dtype=torch.bool).tril().expand_as(scores)
+        assert (dots[visible] - scores[visible]).abs().max().item() < 1e-4
