@@ -191,7 +191,8 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
 
     def interventions() -> dict[str, Tensor]:
         edits = {
-            "ablate_mlp": [iv.ablate(model, "hook_mlp_out", 0, mode="mean", positions=[0])],
+            "ablate_mlp": [iv.ablate(model, "hook_mlp_out", 0, mode="position_mean",
+                                              positions=[0])],
             "ablate_heads": [iv.ablate(model, "attn.hook_z", 1, units=[0, 1])],
             "self_attend": iv.attend_only_to_self(model, [1], 0),
             "scale_tokens": [iv.scale_tokens(model, 0, [0], 0.5)],
