@@ -44,8 +44,7 @@ def test_self_only_mask_makes_row_k_one_hot(model):
                                clean["blocks.0.attn.hook_pattern"])
 
 
-@pytest.mark.parametrize("mode", ["zero", "scale", "mean", "position_mean", "set",
-                                  "batch_mean"])
+@pytest.mark.parametrize("mode", ["zero", "scale", "position_mean", "set", "batch_mean"])
 def test_head_ablation_sets_the_chosen_entries(model, mode):
     tokens = to_tokens(model, TEXT, prepend_bos=True)
     _, clean = model.run_with_cache(tokens)
@@ -57,7 +56,6 @@ def test_head_ablation_sets_the_chosen_entries(model, mode):
     expected = {"zero": torch.zeros_like(z_clean[:, [0, 3], 1]),
                 "set": torch.full_like(z_clean[:, [0, 3], 1], 7.0),
                 "scale": 0.5 * z_clean[:, [0, 3], 1],
-                "mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
                 "position_mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
                 "batch_mean": z_clean[:, [0, 3], 1].mean(0, keepdim=True)}[mode]
     torch.testing.assert_close(z[:, [0, 3], 1], expected)
@@ -105,7 +103,14 @@ def test_bad_arguments_are_clear_errors(model):
     with pytest.raises(BadInputError, match="out of range"):
         ablate(model, "attn.hook_z", 0, units=[9])
     with pytest.raises(BadInputError, match="positions"):
-        ablate(model, "hook_resid_pre", 0, mode="mean")
+        ablate(model, "hook_resid_pre", 0, mode="position_mean")
+
+
+def test_the_old_mean_spelling_is_refused_and_says_which_mean(model):
+    """``mode="mean"`` meant position_mean in ablate and batch_mean in patching: it is gone, and
+    the error names both kinds."""
+    with pytest.raises(BadInputError, match="position_mean.*batch_mean"):
+        ablate(model, "hook_mlp_out", 0, mode="mean", positions=[0])
 
 
 def test_first_token_manipulations():

@@ -68,7 +68,7 @@ def component_edits(model, name: str) -> list:
     for member in _members(name):
         c = parse_component(member)
         units = None if c.kind == "mlp" else [c.index]
-        out.append(ablate(model, SITES[c.kind], c.layer, mode="mean", units=units,
+        out.append(ablate(model, SITES[c.kind], c.layer, mode="position_mean", units=units,
                           positions=[0]))
     return out
 
