@@ -162,3 +162,19 @@ def test_positions_beyond_the_sequence_fail_before_any_block(model):
 def test_remove_query_bias_needs_a_query_bias(llama_tiny):
     with pytest.raises(BadInputError, match="no query bias"):
         remove_query_bias(llama_tiny, 0)
+
+
+def test_the_readout_removes_its_edits_even_when_a_measurement_raises(model):
+    from mechsink.interventions.readout import read_with_edits
+    from mechsink.measure.forward import Measurement
+
+    tokens = to_tokens(model, TEXT, prepend_bos=True)
+    before = model(tokens)
+
+    def boom(forward):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        read_with_edits(model, tokens, {"x": Measurement(("hook_mlp_out",), boom)},
+                        [ablate(model, "hook_mlp_out", 0, mode="zero")])
+    assert torch.equal(model(tokens), before)

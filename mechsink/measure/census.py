@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from mechsink.measure import sinks
 from mechsink.measure._cache import CacheLike, hook_names, rounded
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
-from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext
+from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext, CensusMeasurement
 from mechsink.model import (
     act_name,
     architecture_summary,
@@ -86,9 +86,10 @@ class RunCensus:
     prompts: dict[str, Any]
     measurements: Mapping[str, Any]
     example: AttentionExample
+    entries: tuple[CensusMeasurement, ...] = field(default=CENSUS_MEASUREMENTS, repr=False)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name == "measurements":  # copy/pickle probe before init
+        if name.startswith("__") or name in ("measurements", "entries"):  # probes before init
             raise AttributeError(name)
         try:
             return self.measurements[name]
@@ -112,7 +113,7 @@ class RunCensus:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.prompts}
-        for entry in CENSUS_MEASUREMENTS:
+        for entry in self.entries:
             out.update(entry.to_json(self.measurements[entry.name]))
         out["attention_example"] = self.example.to_dict()
         return out
@@ -166,9 +167,10 @@ class Census:
 # --- one cache -------------------------------------------------------------------------------
 
 
-def needed_hooks(model: Any) -> list[str]:
+def needed_hooks(model: Any,
+                 measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS) -> list[str]:
     """Every hook name the measurements read (the census's names_filter)."""
-    suffixes = {s for entry in CENSUS_MEASUREMENTS for s in entry.hooks_of(model)}
+    suffixes = {s for entry in measurements for s in entry.hooks_of(model)}
     return hook_names(int(model.cfg.n_layers), sorted(suffixes))
 
 
@@ -218,12 +220,16 @@ def census(
     prompts: Sequence[PromptSet] | None = None,
     model_name: str | None = None,
     progress: Progress | None = None,
+    measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS,
 ) -> Census:
     """Measure ``model`` on every suite x variant (or on the given ``prompts`` instead).
 
     ``n`` sequences of ``seq_len`` tokens each, drawn from ``seed``; ``eps`` is the sink-rate
     threshold; ``batch_size`` sequences go through one forward (memory grows with it).
+    ``measurements``: what each run measures (default: the registry; add an entry of your own
+    with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
     """
+    entries = _check_measurements(measurements)
     for what, names in (("suites", suites), ("variants", variants)):
         if isinstance(names, str):  # census(m, "natural") would read as suites n, a, t, ...
             raise BadInputError(f"{what} takes a list of names, not the string {names!r}: "
@@ -240,7 +246,8 @@ def census(
             check_census_args(model, ["natural"], ["nobos"], p.n, p.seq_len, eps, batch_size)
     context = CensusContext(down_projection(model), head_output_weights(model), eps)
     with _default_bar(prompt_sets, progress) as report:
-        runs = tuple(_run_one(model, p, context, batch_size, report) for p in prompt_sets)
+        runs = tuple(_run_one(model, p, context, batch_size, report, entries)
+                     for p in prompt_sets)
     settings = {"suites": sorted({p.suite for p in prompt_sets}, key=_suite_order),
                 "variants": sorted({p.variant for p in prompt_sets}, key=_variant_order),
                 "n": n if prompts is None else None,
@@ -294,11 +301,31 @@ def _example_pattern(n_layers: int) -> Measurement:
     return Measurement(sinks.HOOKS, read, first_chunk)
 
 
+def _check_measurements(measurements: Sequence[CensusMeasurement]
+                        ) -> tuple[CensusMeasurement, ...]:
+    """The census's measurements, checked before any work: entries with distinct names that
+    do not hide a RunCensus attribute."""
+    entries = tuple(measurements)
+    if not entries or not all(isinstance(e, CensusMeasurement) for e in entries):
+        raise BadInputError("measurements takes a non-empty list of CensusMeasurement entries "
+                            "(mechsink.measure.registry).")
+    names = [e.name for e in entries]
+    if "sinks" not in names:
+        raise BadInputError("measurements must keep the 'sinks' entry: the run's attention "
+                            "example shows its strongest sink heads.")
+    taken = {f.name for f in fields(RunCensus)} | {"name", "to_dict", "attention_example"}
+    clash = sorted({n for n in names if names.count(n) > 1 or n in taken or n.startswith("_")})
+    if clash:
+        raise BadInputError(f"census measurement names must be distinct and must not be "
+                            f"{', '.join(sorted(taken))} or start with '_': got {clash}.")
+    return entries
+
+
 def _run_one(
     model: Any, prompts: PromptSet, context: CensusContext, batch_size: int,
-    progress: Progress | None,
+    progress: Progress | None, entries: tuple[CensusMeasurement, ...] = CENSUS_MEASUREMENTS,
 ) -> RunCensus:
-    measurements = {entry.name: entry.on(model, context) for entry in CENSUS_MEASUREMENTS}
+    measurements = {entry.name: entry.on(model, context) for entry in entries}
     measurements["attention_example"] = _example_pattern(int(model.cfg.n_layers))
 
     def done(n_done: int, n_total: int) -> None:
@@ -313,7 +340,8 @@ def _run_one(
         token_strings(model, prompts.tokens[0]), top,
         torch.stack([example_pattern[layer, head] for layer, head, _ in top]).float(),
     )
-    return RunCensus(prompts=prompts.to_dict(), measurements=merged, example=example)
+    return RunCensus(prompts=prompts.to_dict(), measurements=merged, example=example,
+                     entries=entries)
 
 
 # --- output ------------------------------------------------------------------------------------
