@@ -107,7 +107,10 @@ def has_key_bias(model: Any, layers: list[int]) -> bool:
 def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int = 64,
         top: int = 4) -> ExperimentResult:
     """Study the ``top`` strongest sink heads on ``n`` sequences of ``seq_len`` tokens (the
-    organism's task for a task organism, natural text with BOS otherwise)."""
+    organism's task for a task organism, natural text with BOS otherwise).
+
+    ``n``: sequences; ``seq_len``: tokens per sequence; ``top``: number of sink heads to study.
+    """
     model_name = model_name or model.cfg.model_name
     tokens = inputs(model, model_name, n, seq_len)
     base = head_scores(model, tokens)

@@ -111,9 +111,10 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
         doses: Sequence[float] = chain.DEFAULT_DOSES) -> ExperimentResult:
     """Find the P0-sink circuit on ``n`` natural sequences of ``seq_len`` tokens.
 
-    ``layers``: candidate blocks 0..layers-1 (default: through the block that creates the
-    massive channel, at least 4); ``batch_size``: senders per path-patch batch;
-    ``doses``: the complete set's dose grid (must include 0 and 1).
+    ``n``: natural sequences; ``seq_len``: tokens per sequence; ``layers``: candidate blocks
+    0..layers-1 (default: through the block that creates the massive channel, at least 4);
+    ``batch_size``: senders per path-patch batch; ``doses``: the complete set's dose grid (must
+    include 0 and 1).
     """
     prompts = {v: make_prompts(model, "natural", v, n=n, seq_len=seq_len).tokens
                for v in ("bos", "nobos", "randfirst")}

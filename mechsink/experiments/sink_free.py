@@ -98,7 +98,11 @@ def run(*, work_dir: str | Path, recipes: Sequence[str] = ("bb-llama-tiny", "tex
         variants: Sequence[str] = ATTENTION_VARIANTS, seeds: Sequence[int] = (0, 1, 2),
         steps: Sequence[int] = (6000, 150), eps: float = DEFAULT_EPS) -> ExperimentResult:
     """Train plain attention and each variant for each seed under ``work_dir/runs`` (resumed
-    when already there); ``steps`` gives one length per recipe (or one for all)."""
+    when already there).
+
+    ``recipes``: task recipes (llama recipes); ``variants``: attention variants beside plain
+    softmax; ``seeds``: one twin set per seed; ``steps``: one length per recipe (or one for
+    all); ``eps``: sink-rate threshold."""
     steps = list(steps)
     if len(steps) == 1:
         steps = steps * len(recipes)
