@@ -23,7 +23,7 @@ import torch
 
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
-from mechsink.model.zoo import load_model
+from mechsink.model import load_model
 from mechsink.training.loop import Recipe, train
 from mechsink.training.seedprint import (
     INIT_SCHEMES,

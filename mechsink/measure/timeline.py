@@ -23,9 +23,8 @@ from mechsink.measure.forward import measure_forward, of_cache
 from mechsink.measure.norms import RESID_HOOKS, first_token_norm_ratio
 from mechsink.measure.sinks import DEFAULT_EPS, SinkScores, sink_scores
 from mechsink.measure.sinks import HOOKS as SINK_HOOKS
-from mechsink.model import hf_model_of
+from mechsink.model import hf_model_of, load_model
 from mechsink.model.variants import attention_variant_of, sink_pattern
-from mechsink.model.zoo import load_model
 
 TIMELINE_SCHEMA = "mechsink-timeline/1"
 
