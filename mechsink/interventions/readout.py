@@ -31,11 +31,10 @@ from mechsink.measure._cache import frame
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, measure_forward, of_cache
 from mechsink.measure.loss import NEXT_TOKEN_LOSS
+from mechsink.measure.norms import RESID_HOOKS
 from mechsink.measure.sinks import DEFAULT_EPS, check_eps, sink_score
 from mechsink.measure.sinks import HOOKS as PATTERN_HOOKS
-from mechsink.measure.super_neurons import (
-    HOOKS as SPIKE_HOOKS,
-)
+from mechsink.measure.super_neurons import HOOKS as SPIKE_HOOKS
 from mechsink.measure.super_neurons import (
     SET_HOOKS,
     SuperNeuronSet,
@@ -43,8 +42,6 @@ from mechsink.measure.super_neurons import (
     super_neuron_sets,
 )
 from mechsink.model import act_name, down_projection
-
-RESID_HOOKS = ("hook_resid_post",)
 
 
 def read_with_edits(
