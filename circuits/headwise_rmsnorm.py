@@ -8,27 +8,7 @@ under OUT/runs (an interrupted run resumes).
     python circuits/headwise_rmsnorm.py --out runs/hwrms [--recipe bb-gpt2-tiny] [--steps 2000]
 """
 
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from mechsink.experiments import headwise_rmsnorm
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--recipe", default="bb-gpt2-tiny")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=2000)
-    args = parser.parse_args()
-
-    result = headwise_rmsnorm.run(work_dir=args.out, recipe=args.recipe, seeds=args.seeds,
-                                  steps=args.steps)
-    result.save(args.out)
-    print(result.summary())
-
+from mechsink.experiments.script import main
 
 if __name__ == "__main__":
-    main()
+    main("headwise_rmsnorm", __doc__)

@@ -15,29 +15,7 @@ step 6000 over seeds 0-2), hence its default length; the 21 Bigram-Backcopy orga
 about 1.5 CPU hours on a 2-core machine.
 """
 
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from mechsink.experiments import sink_free
-from mechsink.model.variants import ATTENTION_VARIANTS
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--recipes", nargs="+", default=["bb-llama-tiny", "text-llama-tiny"])
-    parser.add_argument("--steps", type=int, nargs="+", default=[6000, 150])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--variants", nargs="+", default=list(ATTENTION_VARIANTS))
-    args = parser.parse_args()
-
-    result = sink_free.run(work_dir=args.out, recipes=args.recipes, steps=args.steps,
-                           seeds=args.seeds, variants=args.variants)
-    result.save(args.out)
-    print(result.summary())
-
+from mechsink.experiments.script import main
 
 if __name__ == "__main__":
-    main()
+    main("sink_free", __doc__)

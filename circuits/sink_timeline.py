@@ -6,30 +6,10 @@ residual activation per checkpoint. The computation is
 :func:`mechsink.experiments.sink_timeline.run`.
 
     mechsink train bb-gpt2-tiny --out runs/bb   # about 6000 steps; sinks form in layer 0
-    python circuits/sink_timeline.py --run runs/bb --out runs/bb-timeline
+    python circuits/sink_timeline.py --run-dir runs/bb --out runs/bb-timeline
 """
 
-from __future__ import annotations
-
-import argparse
-from pathlib import Path
-
-from mechsink.experiments import sink_timeline
-from mechsink.measure.sinks import DEFAULT_EPS
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", type=Path, required=True, help="folder written by mechsink train")
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--n", type=int, default=32)
-    parser.add_argument("--eps", type=float, default=DEFAULT_EPS)
-    args = parser.parse_args()
-
-    result = sink_timeline.run(run_dir=args.run, n=args.n, eps=args.eps)
-    result.save(args.out)
-    print(result.summary())
-
+from mechsink.experiments.script import main
 
 if __name__ == "__main__":
-    main()
+    main("sink_timeline", __doc__)

@@ -171,3 +171,37 @@ def test_smollm2_census_finds_massive_activations_at_position_0(smollm2):
     assert max(a.max_abs for a in by_layer) > 1000
     assert run.sinks.rate > 0.3
     assert any(s.position == 0 for s in run.mlp.super_neurons())
+
+
+# --- the registry: a census measurement is one entry --------------------------------------------
+
+
+def test_a_new_census_measurement_is_one_entry(llama_tiny):
+    """An entry of one's own next to the registry's: measured from the same chunks, merged,
+    written into each run's JSON, and equal to the value computed by hand from one forward."""
+    import torch
+
+    from mechsink.measure.norms import PerSequence
+    from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusMeasurement
+
+    def largest(cache, context):
+        return PerSequence("largest_resid", torch.stack(
+            [cache[f"blocks.{layer}.hook_resid_post"].abs().amax((1, 2))
+             for layer in range(llama_tiny.cfg.n_layers)], 1))
+
+    entry = CensusMeasurement("largest", ("hook_resid_post",), largest)
+    c = census(llama_tiny, ["random"], ["bos"], n=3, seq_len=8, batch_size=2, seed=5,
+               measurements=[*CENSUS_MEASUREMENTS, entry])
+    tokens = make_prompts(llama_tiny, "random", "bos", n=3, seq_len=8, seed=5).tokens
+    _, cache = llama_tiny.run_with_cache(tokens)
+    by_hand = torch.stack([cache[f"blocks.{layer}.hook_resid_post"].abs().amax((1, 2))
+                           for layer in range(llama_tiny.cfg.n_layers)], 1).double().mean(0)
+    run = c.run("random", "bos")
+    torch.testing.assert_close(run.largest.mean, by_hand)
+    assert run.to_dict()["largest_resid"] == pytest.approx(by_hand.tolist(), rel=1e-5)
+    plain = census(llama_tiny, ["random"], ["bos"], n=3, seq_len=8, batch_size=2, seed=5)
+    assert "largest_resid" not in plain.run("random", "bos").to_dict()
+    with pytest.raises(BadInputError, match="distinct"):
+        census(llama_tiny, n=2, seq_len=8, measurements=[*CENSUS_MEASUREMENTS, entry, entry])
+    with pytest.raises(BadInputError, match="'sinks'"):
+        census(llama_tiny, n=2, seq_len=8, measurements=[entry])

@@ -214,3 +214,27 @@ def test_census_figure_titles_fit_a_long_model_name(tiny_census, tmp_path, monke
             assert box.x0 >= -1 and box.x1 <= fig.bbox.width + 1, text.get_text()
     monkeypatch.undo()
     plt.close("all")
+
+
+def test_figures_are_written_atomically(tmp_path):
+    """A save that fails half-way leaves neither a half figure nor a temporary file, and the
+    figure is closed either way."""
+    import matplotlib.pyplot as plt
+
+    from mechsink.viz.style import save
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    target = tmp_path / "f.png"
+    def half_then_fail(handle, **kwargs):
+        handle.write(b"\x89PNG half")
+        raise RuntimeError("disk full")
+
+    fig.savefig = half_then_fail
+    with pytest.raises(RuntimeError, match="disk full"):
+        save(fig, target)
+    assert not target.exists() and not list(tmp_path.iterdir())
+    assert not plt.fignum_exists(fig.number)
+    fig2, ax2 = plt.subplots()
+    ax2.plot([0, 1], [1, 0])
+    assert save(fig2, target) == target and target.read_bytes()[:4] == b"\x89PNG"

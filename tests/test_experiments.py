@@ -80,3 +80,33 @@ def test_circuit_command_checks_the_output_folder_before_loading(tmp_path: Path)
         holder.wait()
     assert locked.exit_code == 2 and "another mechsink run" in locked.output
     assert not (held / "result.json").exists()
+
+
+def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None:
+    """Each script in circuits/ is its methods section over experiments.script.main: its options
+    are run()'s settings with run()'s defaults, and run()'s docstring says what each one is."""
+    import inspect
+
+    from mechsink.experiments.script import parser_for, setting_help
+
+    scripts = sorted((Path(__file__).resolve().parents[1] / "circuits").glob("*.py"))
+    assert len(scripts) == 7
+    for path in scripts:
+        experiment = get_experiment(path.stem)
+        assert f'main("{path.stem}", __doc__)' in path.read_text()
+        settings = {k: p for k, p in experiment.settings().items()
+                    if k not in ("model_name", "work_dir")}
+        required = [a for k, p in settings.items() if p.default is inspect.Parameter.empty
+                    for a in ("--" + k.replace("_", "-"), "x")]
+        args = vars(parser_for(experiment, "d").parse_args(["--out", "o", *required]))
+        for key, param in settings.items():
+            assert setting_help(experiment.run, key), (path.stem, key)
+            if param.default is not inspect.Parameter.empty:
+                default = param.default
+                expected = list(default) if isinstance(default, tuple) else default
+                assert args[key] == expected, (path.stem, key)
+        if experiment.needs_model:
+            assert args["model"] == experiment.default_model and args["device"] == "cpu"
+    p0 = parser_for(get_experiment("p0_sink"), "d").parse_args(
+        ["--out", "o", "--doses", "0", "0.5", "1", "--layers", "3"])
+    assert p0.doses == [0.0, 0.5, 1.0] and p0.layers == 3

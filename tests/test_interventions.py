@@ -44,8 +44,7 @@ def test_self_only_mask_makes_row_k_one_hot(model):
                                clean["blocks.0.attn.hook_pattern"])
 
 
-@pytest.mark.parametrize("mode", ["zero", "scale", "mean", "position_mean", "set",
-                                  "batch_mean"])
+@pytest.mark.parametrize("mode", ["zero", "scale", "position_mean", "set", "batch_mean"])
 def test_head_ablation_sets_the_chosen_entries(model, mode):
     tokens = to_tokens(model, TEXT, prepend_bos=True)
     _, clean = model.run_with_cache(tokens)
@@ -57,7 +56,6 @@ def test_head_ablation_sets_the_chosen_entries(model, mode):
     expected = {"zero": torch.zeros_like(z_clean[:, [0, 3], 1]),
                 "set": torch.full_like(z_clean[:, [0, 3], 1], 7.0),
                 "scale": 0.5 * z_clean[:, [0, 3], 1],
-                "mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
                 "position_mean": z_clean[:, others, 1].mean(1, keepdim=True).expand(-1, 2, -1),
                 "batch_mean": z_clean[:, [0, 3], 1].mean(0, keepdim=True)}[mode]
     torch.testing.assert_close(z[:, [0, 3], 1], expected)
@@ -105,7 +103,14 @@ def test_bad_arguments_are_clear_errors(model):
     with pytest.raises(BadInputError, match="out of range"):
         ablate(model, "attn.hook_z", 0, units=[9])
     with pytest.raises(BadInputError, match="positions"):
-        ablate(model, "hook_resid_pre", 0, mode="mean")
+        ablate(model, "hook_resid_pre", 0, mode="position_mean")
+
+
+def test_the_old_mean_spelling_is_refused_and_says_which_mean(model):
+    """``mode="mean"`` meant position_mean in ablate and batch_mean in patching: it is gone, and
+    the error names both kinds."""
+    with pytest.raises(BadInputError, match="position_mean.*batch_mean"):
+        ablate(model, "hook_mlp_out", 0, mode="mean", positions=[0])
 
 
 def test_first_token_manipulations():
@@ -157,3 +162,19 @@ def test_positions_beyond_the_sequence_fail_before_any_block(model):
 def test_remove_query_bias_needs_a_query_bias(llama_tiny):
     with pytest.raises(BadInputError, match="no query bias"):
         remove_query_bias(llama_tiny, 0)
+
+
+def test_the_readout_removes_its_edits_even_when_a_measurement_raises(model):
+    from mechsink.interventions.readout import read_with_edits
+    from mechsink.measure.forward import Measurement
+
+    tokens = to_tokens(model, TEXT, prepend_bos=True)
+    before = model(tokens)
+
+    def boom(forward):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        read_with_edits(model, tokens, {"x": Measurement(("hook_mlp_out",), boom)},
+                        [ablate(model, "hook_mlp_out", 0, mode="zero")])
+    assert torch.equal(model(tokens), before)

@@ -318,3 +318,56 @@ def test_measurement_on_a_cache_missing_layers_is_a_clear_error():
         sink_scores(cache)
     with pytest.raises(BadInputError, match="names_filter"):
         massive_activations(cache)
+
+
+# --- the one forward: measure_forward -----------------------------------------------------------
+
+
+def test_measure_forward_caches_only_what_is_asked_and_chunks_change_nothing(llama_tiny):
+    """Against one plain forward of every sequence with the hooks named by hand: the same sink
+    scores and residual values however the batch is chunked, and no other hook in the cache."""
+    import torch.nn.functional as F
+
+    from mechsink.measure.forward import Measurement, first_chunk, measure_forward, of_cache
+    from mechsink.measure.loss import NEXT_TOKEN_LOSS
+
+    tokens = make_prompts(llama_tiny, "natural", "bos", n=5, seq_len=10, seed=2).tokens
+    n_layers = llama_tiny.cfg.n_layers
+    with torch.no_grad():
+        logits, cache = llama_tiny.run_with_cache(tokens)
+    direct = sink_scores({k: v for k, v in cache.items() if k.endswith("attn.hook_pattern")})
+    wanted = {"sinks": of_cache(("attn.hook_pattern",), sink_scores),
+              "resid": of_cache(("hook_resid_post",),
+                                lambda c: c["blocks.1.hook_resid_post"][:, 0]),
+              "seen": Measurement(("hook_mlp_out",), lambda f: sorted(f.cache.keys()), first_chunk),
+              "logits": Measurement((), lambda f: f.logits is None, first_chunk),
+              "loss": NEXT_TOKEN_LOSS}
+    for batch_size in (None, 2, 5):
+        got = measure_forward(llama_tiny, tokens, wanted, batch_size=batch_size)
+        torch.testing.assert_close(got["sinks"].gu, direct.gu, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(got["resid"], cache["blocks.1.hook_resid_post"][:, 0])
+        asked = {f"blocks.{layer}.{s}" for layer in range(n_layers) for s in
+                 ("attn.hook_pattern", "hook_resid_post", "hook_mlp_out")}
+        aliases = {f"blocks.{layer}.{s}" for layer in range(n_layers)  # the bridge's own names
+                   for s in ("hook_out", "mlp.hook_out")}  # of resid_post and mlp_out
+        assert asked <= set(got["seen"]) <= asked | aliases
+        assert got["logits"] is False  # the loss asked for them
+        ce = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten(),
+                             reduction="none").view(5, 9).mean(1)
+        torch.testing.assert_close(got["loss"], ce, atol=1e-5, rtol=1e-5)
+    no_logits = measure_forward(llama_tiny, tokens, {"logits": Measurement(
+        (), lambda f: f.logits is None, first_chunk)})
+    assert no_logits["logits"] is True
+
+
+def test_measure_forward_bad_input_is_refused_before_the_forward(llama_tiny):
+    from mechsink.measure.forward import measure_forward, of_cache
+
+    tokens = make_prompts(llama_tiny, "random", "bos", n=2, seq_len=6).tokens
+    one = {"sinks": of_cache(("attn.hook_pattern",), sink_scores)}
+    with pytest.raises(BadInputError, match="batch_size"):
+        measure_forward(llama_tiny, tokens, one, batch_size=0)
+    with pytest.raises(BadInputError, match="at least one measurement"):
+        measure_forward(llama_tiny, tokens, {})
+    with pytest.raises(BadInputError, match="at least one sequence"):
+        measure_forward(llama_tiny, tokens[:0], one)

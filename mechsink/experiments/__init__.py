@@ -1,8 +1,9 @@
 """Each research question as a library function: ``run(...)`` returns an :class:`ExperimentResult`
 whose ``summary()`` and ``figure()`` are drawn from its JSON-able data, never from a model.
 
-The scripts in ``circuits/`` parse their arguments and call these; ``mechsink circuit NAME``,
-the docs build and the tests call them directly.
+The scripts in ``circuits/`` are methods sections over :func:`mechsink.experiments.script.main`,
+which takes their options and defaults from ``run()``'s signature; ``mechsink circuit NAME``, the
+docs build and the tests call the experiments directly.
 
 =====================  ================================================================
 ``structural_origin``  why position 0 becomes the sink: variance discrepancy, super
@@ -82,12 +83,19 @@ class Experiment:
         return {k: _typed(self.name, k, known[k], v) for k, v in out.items()}
 
 
-def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str]) -> Any:
-    """``values`` converted to the type ``param``'s annotation names (one value or a list)."""
+def setting_type(param: inspect.Parameter) -> tuple[type, bool]:
+    """The value type a setting's annotation names (int, float, else str) and whether it takes
+    a list (``Sequence[...]`` / ``list[...]``)."""
     note = str(param.annotation)
     is_list = note.startswith(("Sequence[", "list["))
     kind = {"int": int, "float": float}.get(re.sub(r"^(Sequence|list)\[|\].*$|\s*\|.*$", "",
                                                   note), str)
+    return kind, is_list
+
+
+def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str]) -> Any:
+    """``values`` converted to the type ``param``'s annotation names (one value or a list)."""
+    kind, is_list = setting_type(param)
     option = "--" + key.replace("_", "-")
     if not values or (len(values) > 1 and not is_list):
         raise BadInputError(f"{experiment} {option} takes {'values' if is_list else 'one value'}"

@@ -14,6 +14,7 @@ cancel in the softmax as they do under absolute positions.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +23,19 @@ import torch
 from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.edits import (
+    Intervention,
     ablate,
-    applied,
     remove_key_bias,
     remove_query_bias,
     rotate_keys,
 )
-from mechsink.measure import sink_scores
-from mechsink.measure.query_bias import (
-    BIAS_PARTS,
-    BiasSplit,
-    bias_logit_split,
-    delta_attribution,
-    residual_components,
-)
-from mechsink.model import act_name, norm_params
+from mechsink.interventions.readout import read_with_edits
+from mechsink.measure.forward import of_cache
+from mechsink.measure.logit_split import BIAS_PARTS, BiasSplit, bias_logit_split
+from mechsink.measure.query_bias import delta_attribution, residual_components
+from mechsink.measure.sinks import HOOKS as SINK_HOOKS
+from mechsink.measure.sinks import sink_scores
+from mechsink.model import act_name, key_bias, key_weights, norm_params, query_bias
 from mechsink.training.loop import task_of
 
 FIGURE = "ablations.png"
@@ -53,12 +52,19 @@ def inputs(model: Any, name: str | None, n: int, seq_len: int) -> torch.Tensor:
     return make_prompts(model, "natural", "bos", n=n, seq_len=seq_len, seed=0).tokens
 
 
-@torch.no_grad()
-def head_scores(model, tokens, interventions=()) -> torch.Tensor:
+def head_scores(model: Any, tokens: torch.Tensor, interventions: Sequence[Intervention] = ()
+                ) -> torch.Tensor:
     """Sink score (key 0, queries i > 0) per layer and head, averaged over sequences."""
-    with applied(model, list(interventions)):
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
-    return sink_scores(cache).no_self.mean(0)
+    got = read_with_edits(model, tokens, {"sinks": of_cache(SINK_HOOKS, sink_scores)},
+                          interventions)
+    return got["sinks"].no_self.mean(0)
+
+
+def per_query_head_keys(model: Any, layer: int) -> torch.Tensor:
+    """``W_K`` of ``layer`` with one entry per query head, ``[head, d_model, d_head]`` (under
+    grouped-query attention each KV head's projection serves its group of query heads)."""
+    w_k = key_weights(model)[layer]  # [kv_head, d_model, d_head]
+    return w_k.repeat_interleave(int(model.cfg.n_heads) // w_k.shape[0], dim=0)
 
 
 def key0_advantage(model: Any, cache: Any, split: BiasSplit, layer: int, head: int) -> dict:
@@ -82,23 +88,29 @@ def key0_advantage(model: Any, cache: Any, split: BiasSplit, layer: int, head: i
            "delta0_parts": None}
     if "hook_pos_embed" in cache:  # absolute positions: residual pieces named GPT-2 style
         w, b = norm_params(model, layer)
+        b_q = query_bias(model, layer)
+        w_k = per_query_head_keys(model, layer)
         parts = delta_attribution(residual_components(cache, layer),
-                                  cache[act_name("ln1.hook_scale", layer)], w, b,
-                                  model.W_K[layer], model.b_Q[layer])
+                                  cache[act_name("ln1.hook_scale", layer)], w, b, w_k,
+                                  torch.zeros(w_k.shape[0], w_k.shape[-1]) if b_q is None
+                                  else b_q)
         out["delta0_parts"] = {k: v[:, head].mean().item() for k, v in parts.items()}
     return out
 
 
 def has_key_bias(model: Any, layers: list[int]) -> bool:
     """Whether every layer in ``layers`` has a learned, non-zero key bias."""
-    b_k = getattr(model, "b_K", None)
-    return b_k is not None and all(bool(b_k[lay].detach().abs().max() > 0) for lay in layers)
+    b_k = key_bias(model)
+    return b_k is not None and all(bool(b_k[lay].abs().max() > 0) for lay in layers)
 
 
 def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int = 64,
         top: int = 4) -> ExperimentResult:
     """Study the ``top`` strongest sink heads on ``n`` sequences of ``seq_len`` tokens (the
-    organism's task for a task organism, natural text with BOS otherwise)."""
+    organism's task for a task organism, natural text with BOS otherwise).
+
+    ``n``: sequences; ``seq_len``: tokens per sequence; ``top``: number of sink heads to study.
+    """
     model_name = model_name or model.cfg.model_name
     tokens = inputs(model, model_name, n, seq_len)
     base = head_scores(model, tokens)
@@ -116,8 +128,8 @@ def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int 
                 remove_query_bias(model, layer), remove_key_bias(model, layer))]}
            if has_key_bias(model, sink_layers) else {}),
         "W_K rotated": [rotate_keys(model, layer, seed=0) for layer in sink_layers],
-        "layer-0 MLP at pos 0 mean-ablated": [ablate(model, "hook_mlp_out", 0, mode="mean",
-                                                     positions=[0])],
+        "layer-0 MLP at pos 0 mean-ablated": [ablate(model, "hook_mlp_out", 0,
+                                                     mode="position_mean", positions=[0])],
     }
     result = {"schema": SCHEMA, "model": model_name, "n": n, "seq_len": seq_len,
               "inputs": "task" if task_of(model_name) else "natural text, BOS",

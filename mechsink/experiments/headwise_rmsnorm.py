@@ -63,7 +63,10 @@ def verdict(plain: list[float], hwrms: list[float]) -> str:
 
 def run(*, work_dir: str | Path, recipe: str = "bb-gpt2-tiny", seeds: Sequence[int] = (0, 1, 2),
         steps: int = 2000) -> ExperimentResult:
-    """Train both arms for each seed under ``work_dir/runs`` (resumed when already there)."""
+    """Train both arms for each seed under ``work_dir/runs`` (resumed when already there).
+
+    ``recipe``: the organism recipe (its twin adds head-wise RMSNorm); ``seeds``: one twin
+    pair per seed; ``steps``: training steps of every organism."""
     arms = {name: [run_arm(name, s, steps, Path(work_dir)) for s in seeds]
             for name in (recipe, recipe + HWRMS_SUFFIX)}
     plain, hwrms = ([final_loss(r) for r in runs] for runs in arms.values())

@@ -68,7 +68,7 @@ def component_edits(model, name: str) -> list:
     for member in _members(name):
         c = parse_component(member)
         units = None if c.kind == "mlp" else [c.index]
-        out.append(ablate(model, SITES[c.kind], c.layer, mode="mean", units=units,
+        out.append(ablate(model, SITES[c.kind], c.layer, mode="position_mean", units=units,
                           positions=[0]))
     return out
 
@@ -106,14 +106,26 @@ def _channel_paths(model: Any, tokens: Any, channel: int, layer: int, units: lis
     return {"dose_response": dr.to_dict(), "rows": rows, "surgery_layer": after}
 
 
+def circuit_edges(components: list[str], path_effects: dict[str, dict[str, float | None]],
+                  mlp_node: str, channel_node: str, sink_node: str) -> list[dict[str, Any]]:
+    """One edge per measured path of each component (a null effect: no edge), with its effect
+    and the metric it was read on."""
+    paths = (("via_mlp_to_channel", channel_node, mlp_node, "massive_value"),
+             ("via_mlp_to_sink", sink_node, mlp_node, "sink_score"),
+             ("direct_to_sink", sink_node, None, "sink_score"))
+    return [{"from": c, "to": to, "via": via, "metric": m, "effect": path_effects[k][c]}
+            for c in components for k, to, via, m in paths if path_effects[k][c] is not None]
+
+
 def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int = 32,
         layers: int | None = None, batch_size: int = 8,
         doses: Sequence[float] = chain.DEFAULT_DOSES) -> ExperimentResult:
     """Find the P0-sink circuit on ``n`` natural sequences of ``seq_len`` tokens.
 
-    ``layers``: candidate blocks 0..layers-1 (default: through the block that creates the
-    massive channel, at least 4); ``batch_size``: senders per path-patch batch;
-    ``doses``: the complete set's dose grid (must include 0 and 1).
+    ``n``: natural sequences; ``seq_len``: tokens per sequence; ``layers``: candidate blocks
+    0..layers-1 (default: through the block that creates the massive channel, at least 4);
+    ``batch_size``: senders per path-patch batch; ``doses``: the complete set's dose grid (must
+    include 0 and 1).
     """
     prompts = {v: make_prompts(model, "natural", v, n=n, seq_len=seq_len).tokens
                for v in ("bos", "nobos", "randfirst")}
@@ -192,12 +204,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
               else abs(channel_after(c)) <= abs(threshold),
               "in_circuit": c in found_circuit.members}
              for c in components]
-    edges = [{"from": c, "to": to, "via": via, "metric": m, "effect": path_effects[k][c]}
-             for c in components
-             for k, to, via, m in (("via_mlp_to_channel", ch_node, mlp_node, "massive_value"),
-                                   ("via_mlp_to_sink", sink_node, mlp_node, "sink_score"),
-                                   ("direct_to_sink", sink_node, None, "sink_score"))
-             if path_effects[k][c] is not None]
+    edges = circuit_edges(components, path_effects, mlp_node, ch_node, sink_node)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
             "seq_len": seq_len,
             "ablation": "position_mean at position 0", "sink_layers": targets,

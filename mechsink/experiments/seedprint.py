@@ -23,7 +23,7 @@ import torch
 
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
-from mechsink.model.zoo import load_model
+from mechsink.model import load_model
 from mechsink.training.loop import Recipe, train
 from mechsink.training.seedprint import (
     INIT_SCHEMES,
@@ -187,7 +187,14 @@ def run(*, work_dir: str | Path, recipe: str = "bb-llama-tiny", steps: int = 200
         alpha: float = 0.01) -> ExperimentResult:
     """Parts 1 and 2 on ``random:*-{size}`` models; part 3 trains 6 organisms under
     ``work_dir/runs`` (inits 0, 1, 2 x data orders 0, 1; resumed when already there); part 4
-    trains ``null_inits + 2 * held_out_inits`` more (:func:`seedprint_calibration`)."""
+    trains ``null_inits + 2 * held_out_inits`` more (:func:`seedprint_calibration`).
+
+    ``recipe``: the organisms' recipe; ``steps``: their training steps; ``size``: random-model
+    size for parts 1 and 2; ``depths``: layer counts of part 1's models; ``n``: random
+    sequences; ``k``: vocabulary entries SeedPrint compares; ``null_inits``: independent
+    initialisations trained on one data order (the null); ``held_out_inits``: initialisations
+    each trained on two data orders (the test pairs); ``alpha``: false-positive rate the
+    calibrated threshold aims for."""
     result = {"schema": SCHEMA, "n": n, "seq_len": 32, "size": size,
               "token_preference": preference_grid(size, list(depths), n, 32),
               "contraction": contraction(size, n, 32, seeds=[0, 1, 2]),

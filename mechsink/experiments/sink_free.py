@@ -29,7 +29,7 @@ from typing import Any
 
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
-from mechsink.io import atomic_file, atomic_write_json
+from mechsink.io import atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline
 from mechsink.model.variants import ATTENTION_VARIANTS
@@ -98,7 +98,11 @@ def run(*, work_dir: str | Path, recipes: Sequence[str] = ("bb-llama-tiny", "tex
         variants: Sequence[str] = ATTENTION_VARIANTS, seeds: Sequence[int] = (0, 1, 2),
         steps: Sequence[int] = (6000, 150), eps: float = DEFAULT_EPS) -> ExperimentResult:
     """Train plain attention and each variant for each seed under ``work_dir/runs`` (resumed
-    when already there); ``steps`` gives one length per recipe (or one for all)."""
+    when already there).
+
+    ``recipes``: task recipes (llama recipes); ``variants``: attention variants beside plain
+    softmax; ``seeds``: one twin set per seed; ``steps``: one length per recipe (or one for
+    all); ``eps``: sink-rate threshold."""
     steps = list(steps)
     if len(steps) == 1:
         steps = steps * len(recipes)
@@ -150,41 +154,6 @@ def summary(result: dict[str, Any]) -> str:
 
 
 def figure(data: dict[str, Any], path: Path) -> Path:
-    """One row per task, one panel per measurement: each seed a dot, the mean a bar; and the
-    sink timeline (largest sink score over checkpoints) of every arm, seed-averaged."""
-    import matplotlib
+    from mechsink.viz.experiments import plot_sink_free
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    tasks = data["tasks"]
-    cols = len(METRICS) + 1
-    fig, axes = plt.subplots(len(tasks), cols, figsize=(3.2 * cols, 3.0 * len(tasks)),
-                             squeeze=False)
-    for row, (recipe, task) in enumerate(tasks.items()):
-        names = list(task["arms"])
-        for col, (metric, title) in enumerate(METRICS.items()):
-            ax = axes[row][col]
-            for x, v in enumerate(names):
-                vals = [a["final"][metric] for a in task["arms"][v]]
-                ax.bar(x, statistics.fmean(vals), color="0.8")
-                ax.scatter([x] * len(vals), vals, s=10, color="k", zorder=3)
-            ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
-            ax.set_title(f"{title}\n{recipe}", fontsize=8)
-            if metric in ("max_abs_resid", "first_token_norm_ratio"):
-                ax.set_yscale("log")
-        ax = axes[row][-1]
-        for v in names:
-            runs = task["arms"][v]
-            steps = [p["step"] for p in runs[0]["timeline"]]
-            mean = [statistics.fmean(r["timeline"][i]["max_sink_score"] for r in runs)
-                    for i in range(len(steps))]
-            ax.plot([max(s, 1) for s in steps], mean, label=v, marker=".")
-        ax.set_xscale("log")
-        ax.set_title(f"largest sink score over training\n{recipe}", fontsize=8)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    with atomic_file(path) as (_, handle):
-        fig.savefig(handle, dpi=110, format="png")
-    plt.close(fig)
-    return path
+    return plot_sink_free(data, path, METRICS)

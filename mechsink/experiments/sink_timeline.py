@@ -29,7 +29,10 @@ def held_out_tokens(run_dir: Path, n: int) -> torch.Tensor:
 
 
 def run(*, run_dir: str | Path, n: int = 32, eps: float = DEFAULT_EPS) -> ExperimentResult:
-    """Measure every checkpoint of the run in ``run_dir`` (written by ``mechsink train``)."""
+    """Measure every checkpoint of the run in ``run_dir`` (written by ``mechsink train``).
+
+    ``run_dir``: folder written by mechsink train; ``n``: held-out task sequences;
+    ``eps``: sink-rate threshold."""
     run_dir = Path(run_dir)
     points = sink_timeline(run_dir, held_out_tokens(run_dir, n), eps=eps)
     return ExperimentResult("sink_timeline", timeline_dict(points, run=str(run_dir), eps=eps))

@@ -36,7 +36,9 @@ from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
 from mechsink.interventions.edits import ablate, attend_only_to_self, scale_tokens
 from mechsink.interventions.readout import massive_channel_sets, sink_readout
-from mechsink.measure import variance_stats
+from mechsink.measure.forward import measure_forward, of_cache
+from mechsink.measure.variance import HOOKS as VARIANCE_HOOKS
+from mechsink.measure.variance import variance_stats
 from mechsink.model import act_name
 
 FIGURE = "structural_origin.png"
@@ -44,14 +46,14 @@ FIGURE = "structural_origin.png"
 SCHEMA = "mechsink-structural-origin/2"
 
 
-@torch.no_grad()
 def variance_part(model: Any, n: int, seq_len: int) -> dict:
+    """The variance discrepancy and its uniform-mixing prediction on random and natural text
+    (random first token), one forward each."""
     out = {}
     for suite in ("random", "natural"):
         tokens = make_prompts(model, suite, "randfirst", n=n, seq_len=seq_len, seed=0).tokens
-        _, cache = model.run_with_cache(tokens, names_filter=lambda h: h.endswith(
-            ("hook_attn_out", "attn.hook_pattern")))
-        stats = variance_stats(cache)
+        stats = measure_forward(model, tokens, {"variance": of_cache(VARIANCE_HOOKS,
+                                                                     variance_stats)})["variance"]
         predicted = stats.predicted
         out[suite] = {"ratio": stats.ratio.tolist(),
                       "predicted_ratio": (predicted[:, 0] / predicted[:, 1:].mean(-1)).tolist()}
@@ -147,8 +149,9 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
         doses: Sequence[float] = chain.DEFAULT_DOSES, batch_size: int = 8) -> ExperimentResult:
     """Measure the parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first).
 
-    ``doses``: the factors the complete super-neuron sets are scaled by (must include 0 and 1);
-    ``batch_size``: sequences per forward.
+    ``n``: natural sequences; ``seq_len``: tokens per sequence; ``positions``: positions k the
+    sink is moved to; ``doses``: the factors the complete super-neuron sets are scaled by
+    (must include 0 and 1); ``batch_size``: sequences per forward.
     """
     grid = [float(d) for d in doses]
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens

@@ -31,7 +31,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import KINDS, as_ablation
 from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
-from mechsink.names import Name, parse_name, renamed_kwarg
+from mechsink.names import Name, parse_name
 
 HookFn = Callable[[Tensor, Any], Tensor]
 
@@ -103,7 +103,7 @@ def _n_units(model: Any, site: str) -> int:
     return int(model.cfg.d_mlp if site == "mlp.hook_post" else model.cfg.d_model)
 
 
-MODES = (*KINDS, "mean", "scale", "set")
+MODES = (*KINDS, "scale", "set")
 
 
 def ablate(
@@ -126,10 +126,9 @@ def ablate(
     (``mlp.hook_post``) or channels (residual and output sites); ``positions`` picks sequence
     positions (None: all). ``mode`` is one of :mod:`mechsink.interventions.ablation`'s kinds,
     computed on the run's own activations: ``zero``; ``batch_mean`` (the mean over the run's batch
-    at each position); ``position_mean`` (the mean over the sequence's unchosen positions;
-    ``"mean"`` is the same); ``resample`` (whole sequences of the run's batch drawn with
-    ``seed``). Or ``scale`` (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a
-    massive channel).
+    at each position); ``position_mean`` (the mean over the sequence's unchosen positions);
+    ``resample`` (whole sequences of the run's batch drawn with ``seed``). Or ``scale``
+    (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a massive channel).
     """
     name = parse_name(site, layer)
     if name.relative not in _UNIT_AXIS:
@@ -150,7 +149,9 @@ def ablate(
         positions = [name.position]
     layer, site = name.layer, name.relative
     if mode not in MODES:
-        raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}.")
+        hint = (" (say which mean: position_mean, over the sequence's other positions, or "
+                "batch_mean, over the batch)") if mode == "mean" else ""
+        raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}{hint}.")
     _check_layer(model, layer)
     n_units = _n_units(model, site)
     if units is not None and not all(0 <= u < n_units for u in units):
@@ -159,7 +160,7 @@ def ablate(
     if positions is not None and (not positions or min(positions) < 0):
         raise BadInputError(f"positions must be non-negative and not empty, got "
                             f"{list(positions)}.")
-    abl = as_ablation(mode, mean="position_mean", seed=seed) if mode in (*KINDS, "mean") else None
+    abl = as_ablation(mode, seed=seed) if mode in KINDS else None
     if abl is not None and abl.kind == "position_mean" and positions is None:
         raise BadInputError("a position_mean ablation needs positions= (the mean is over the "
                             "others).")
@@ -196,19 +197,14 @@ def ablate(
 
 def attend_only_to_self(
     model: Any, layers: Sequence[int], position: int | None = None,
-    units: Sequence[int] | None = None, **old: Any,
+    units: Sequence[int] | None = None,
 ) -> list[Intervention]:
     """Query ``position`` attends only to itself in the chosen layers and heads (``units``;
     None: all), its pattern row one-hot.
 
     Equivalent to masking every other key for that query: the softmax of a row whose only
-    allowed key is ``k`` is one-hot on ``k``. ``key_pos=``/``heads=`` are the old names of
-    ``position=``/``units=`` (deprecated).
+    allowed key is ``k`` is one-hot on ``k``.
     """
-    position = renamed_kwarg(old, "key_pos", "position", position, "attend_only_to_self")
-    units = renamed_kwarg(old, "heads", "units", units, "attend_only_to_self")
-    if old:
-        raise TypeError(f"attend_only_to_self() got unexpected arguments {sorted(old)}.")
     if position is None:
         raise BadInputError("attend_only_to_self needs position= (the query that should "
                             "attend only to itself).")

@@ -1,15 +1,22 @@
-"""Read the sinks and one residual channel off a single forward, with interventions in place.
+"""Run the model with interventions in place and read the sinks and channels: the one readout.
 
-The causal-chain experiments ask the same question many times: with these edits in place, how
-much do later queries attend to key ``k``, and how large is channel ``c`` at position ``k``?
-:func:`sink_readout` answers it from one cached forward. (Not a linear probe: nothing is fitted.)
+:func:`read_with_edits` installs declared edits (:func:`mechsink.interventions.edits.applied`)
+around :func:`mechsink.measure.forward.measure_forward` (one forward per chunk, only the hooks
+the measurements read). Two views of it answer the causal-chain experiments' questions:
+
+- :func:`sink_readout`: with these edits, how much do later queries attend to key ``k``, and how
+  large is channel ``c`` at position ``k``? (means over the sequences);
+- :func:`measure`: per prompt, the tracked channels at position 0, Gu et al.'s sink score at key
+  0 and the next-token loss (what :mod:`mechsink.interventions.dose` puts intervals on).
+
 :func:`massive_channel_sets` finds the massive channel at position 0 and the complete sets of
-neurons that write it (the targets of :mod:`mechsink.interventions.chain`'s dose-responses).
+neurons that write it (the targets of the dose-responses); :func:`dominant_super_neuron` the
+strongest single super neuron. (Not a linear probe: nothing is fitted.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,28 +24,52 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechsink.errors import BadInputError
 from mechsink.interventions.edits import Intervention, applied
 from mechsink.measure import mlp_spikes, sink_scores
 from mechsink.measure._cache import frame
-from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.measure.super_neurons import SuperNeuronSet
+from mechsink.measure.checks import check_batch_size
+from mechsink.measure.forward import Forward, Measurement, measure_forward, of_cache
+from mechsink.measure.loss import NEXT_TOKEN_LOSS
+from mechsink.measure.norms import RESID_HOOKS
+from mechsink.measure.sinks import DEFAULT_EPS, check_eps, sink_score
+from mechsink.measure.sinks import HOOKS as PATTERN_HOOKS
+from mechsink.measure.super_neurons import HOOKS as SPIKE_HOOKS
+from mechsink.measure.super_neurons import (
+    SET_HOOKS,
+    SuperNeuronSet,
+    complete_set,
+    super_neuron_sets,
+)
 from mechsink.model import act_name, down_projection
-from mechsink.names import deprecated, renamed_kwarg
 
 
-class _MappingCompat:
-    """``result["key"]`` of results that were dicts in earlier releases (deprecated)."""
+def read_with_edits(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    measurements: Mapping[str, Measurement],
+    edits: Sequence[Intervention] = (),
+    *,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
+    chunk (removed afterwards, also when a chunk raises)."""
+    with applied(model, list(edits)):
+        return measure_forward(model, tokens, measurements, batch_size=batch_size)
 
-    def __getitem__(self, key: str) -> Any:
-        deprecated(f"{type(self).__name__}[{key!r}] (this result was a dict)",
-                   f"the attribute .{key}")
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
 
-    def keys(self) -> list[str]:
-        return list(self.__dataclass_fields__)  # type: ignore[attr-defined]
+def resid_at(n_layers: int, position: int, channels: int | list[int] | None = None
+             ) -> Measurement:
+    """``hook_resid_post[l, position, channels]`` of every block ``l``, stacked on axis 1:
+    ``[batch, layer]`` for one channel, ``[batch, layer, channel]`` for a list or for all
+    channels (None)."""
+    pick = slice(None) if channels is None else channels
+
+    def read(forward: Forward) -> Tensor:
+        return torch.stack([forward.cache[act_name("resid_post", layer)][:, position, pick]
+                            for layer in range(n_layers)], 1)
+
+    return Measurement(RESID_HOOKS, read)
 
 
 @dataclass(frozen=True)
@@ -81,7 +112,6 @@ class SinkReadout:
         return frame(rows)
 
 
-@torch.no_grad()
 def sink_readout(
     model: Any,
     tokens: Int[Tensor, "batch pos"],
@@ -91,31 +121,92 @@ def sink_readout(
     include_self: bool = True,
     channel: int | None = None,
     eps: float = DEFAULT_EPS,
-    **old: Any,
 ) -> SinkReadout:
     """Run ``tokens`` once with ``interventions`` and measure the sinks at key ``positions``
     (default ``(0,)``): Gu's sink score, or with ``include_self=False`` the queries after the
-    key only (the census's ``sink_score_no_self``). ``key_positions=`` is the old name of
-    ``positions=``."""
-    positions = renamed_kwarg(old, "key_positions", "positions", positions, "sink_readout")
-    if old:
-        raise TypeError(f"sink_readout() got unexpected arguments {sorted(old)}.")
-    key_positions = (0,) if positions is None else tuple(positions)
-    wanted = ("attn.hook_pattern", "hook_resid_post")
-    with applied(model, list(interventions)):
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
+    key only (the census's ``sink_score_no_self``); and ``channel`` at each of them."""
+    key_positions = (0,) if positions is None else tuple(int(k) for k in positions)
+    check_eps(eps)
+    n_pos, n_layers = int(tokens.shape[-1]), int(model.cfg.n_layers)
+    for k in key_positions:
+        if not 0 <= k < n_pos:
+            raise BadInputError(f"position={k} is outside the sequence (length {n_pos}).")
+    wanted: dict[str, Measurement] = {}
+    for k in key_positions:
+        wanted[f"sinks@{k}"] = of_cache(PATTERN_HOOKS,
+                                        lambda cache, k=k: sink_scores(cache, k, eps))
+        if channel is not None:
+            wanted[f"channel@{k}"] = resid_at(n_layers, k, channel)
+    got = read_with_edits(model, tokens, wanted, interventions)
     scores, rates, values = {}, {}, {}
     for k in key_positions:
-        s = sink_scores(cache, position=k, eps=eps)
+        s = got[f"sinks@{k}"]
         scores[k], rates[k] = s.score(include_self), s.rate_of(include_self)
         if channel is not None:
-            values[k] = torch.stack([cache[act_name("resid_post", layer)][:, k, channel]
-                                     for layer in range(model.cfg.n_layers)], 1).mean(0).cpu()
+            values[k] = got[f"channel@{k}"].mean(0).cpu()
     return SinkReadout(scores, rates, channel, values, include_self)
 
 
+# --- one measured run, per prompt (what the dose-responses read) ---------------------------------
+
+
 @dataclass(frozen=True)
-class DominantSuperNeuron(_MappingCompat):
+class Readout:
+    """Per-prompt measurements of one run (with or without edits).
+
+    ``channels``: residual stream after each block at position 0 in the tracked channels;
+    ``scores``: Gu et al.'s sink score at key 0 (queries i >= 0) per layer and head;
+    ``loss``: mean next-token cross-entropy per prompt.
+    """
+
+    channels: Float[Tensor, "batch layer channel"]
+    scores: Float[Tensor, "batch layer head"]
+    loss: Float[Tensor, " batch"]
+
+
+def _key0_scores(n_layers: int) -> Measurement:
+    """Gu's sink score at key 0 per sequence, layer and head, ``[batch, layer, head]``."""
+
+    def read(forward: Forward) -> Tensor:
+        return torch.stack([sink_score(forward.cache[act_name("pattern", layer)].float(), 0)
+                            for layer in range(n_layers)], 1).cpu()
+
+    return Measurement(PATTERN_HOOKS, read)
+
+
+def measure(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    edits: Sequence[Intervention] = (),
+    *,
+    channels: Sequence[int] = (),
+    batch_size: int = 8,
+) -> Readout:
+    """Run ``tokens`` with ``edits`` in place (removed afterwards), ``batch_size`` sequences per
+    forward, and read the channels at position 0, the sink scores at key 0 and the next-token
+    loss, per prompt."""
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise BadInputError("tokens must be [batch, pos] with at least two positions.")
+    if batch_size is None:
+        raise BadInputError("batch_size must be a positive integer, got None.")
+    check_batch_size(batch_size)
+    chans = [int(c) for c in channels]
+    n_layers = int(model.cfg.n_layers)
+    wanted = {"scores": _key0_scores(n_layers), "loss": NEXT_TOKEN_LOSS}
+    if chans:
+        channels_at_0 = resid_at(n_layers, 0, chans)
+        wanted["channels"] = Measurement(
+            channels_at_0.hooks, lambda forward: channels_at_0.read(forward).float().cpu())
+    got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
+    ch = got["channels"] if chans else torch.zeros(tokens.shape[0], n_layers, 0)
+    return Readout(ch, got["scores"], got["loss"])
+
+
+# --- the targets: the massive channel and the neurons that write it ----------------------------
+
+
+@dataclass(frozen=True)
+class DominantSuperNeuron:
     """The strongest super neuron at position 0 and the channel it writes (see
     :func:`dominant_super_neuron`); per-layer lists are means over sequences."""
 
@@ -142,7 +233,7 @@ class DominantSuperNeuron(_MappingCompat):
 
 
 @dataclass(frozen=True)
-class MassiveChannelSets(_MappingCompat):
+class MassiveChannelSets:
     """The massive channel at position 0 and the complete super-neuron sets that write it
     (see :func:`massive_channel_sets`)."""
 
@@ -174,15 +265,15 @@ class MassiveChannelSets(_MappingCompat):
 def dominant_super_neuron(model: Any, tokens: Int[Tensor, "batch pos"]) -> DominantSuperNeuron:
     """The layer whose largest down-projection input at position 0 is biggest, that neuron,
     the channel its layer writes most, and the channel's value at position 0 in every layer."""
-    _, cache = model.run_with_cache(tokens, names_filter=lambda h: h.endswith(
-        ("mlp.hook_post", "hook_mlp_out", "hook_resid_post")))
-    spikes = mlp_spikes(cache, down_projection(model))
+    n_layers, w_out = int(model.cfg.n_layers), down_projection(model)
+    got = measure_forward(model, tokens, {
+        "spikes": of_cache(SPIKE_HOOKS, lambda cache: mlp_spikes(cache, w_out)),
+        "resid": resid_at(n_layers, 0)})
+    spikes, resid = got["spikes"], got["resid"]  # resid: [batch, layer, d_model]
     strength = (spikes.in_value.abs() * (spikes.in_pos == 0)).mean(0)  # per layer
     layer = int(strength.argmax())
     neuron = int(torch.mode(spikes.in_neuron[:, layer]).values)
     channel = int(torch.mode(spikes.out_channel[:, layer]).values)
-    resid = torch.stack([cache[act_name("resid_post", lay)][:, 0]
-                         for lay in range(model.cfg.n_layers)], 1)  # [batch, layer, d]
     return DominantSuperNeuron(
         layer, neuron, channel, spikes.in_value[:, layer].abs().mean().item(),
         resid[..., channel].mean(0).tolist(), resid.abs().median(-1).values.mean(0).tolist())
@@ -201,12 +292,9 @@ def massive_channel_sets(
     detection made complete: :func:`mechsink.measure.super_neuron_sets`). ``builders`` are the
     blocks up to the peak whose write has the sign of the channel's peak value.
     """
-    from mechsink.measure.super_neurons import SET_HOOKS, _complete_set, super_neuron_sets
-
-    n_layers = int(model.cfg.n_layers)
-    names = [act_name(s, lay) for s in SET_HOOKS for lay in range(n_layers)]
-    _, cache = model.run_with_cache(tokens, names_filter=names, return_type=None)
-    found = super_neuron_sets(cache, down_projection(model), coverage=coverage)
+    n_layers, w_out = int(model.cfg.n_layers), down_projection(model)
+    found = measure_forward(model, tokens, {"sets": of_cache(
+        SET_HOOKS, lambda cache: super_neuron_sets(cache, w_out, coverage=coverage))})["sets"]
     resid0 = found.resid0.double().mean(0)  # [layer, d_model]
     channel = int(resid0.abs().amax(0).argmax())
     values = resid0[:, channel].tolist()
@@ -217,7 +305,7 @@ def massive_channel_sets(
     by_layer: dict[int, SuperNeuronSet] = {s.layer: s for s in found.sets()
                                            if s.channel == channel}
     if creating not in by_layer:  # a write under the spike threshold: still give its set
-        by_layer[creating] = _complete_set(found.post0[:, creating],
+        by_layer[creating] = complete_set(found.post0[:, creating],
                                            found.out0[:, creating, channel],
                                            found.w_out[creating, :, channel], coverage,
                                            creating, channel)

@@ -1,8 +1,16 @@
 """Measurements: pure functions of cached activations (no model calls), one module each.
 
-Each module holds one measurement: its hook suffixes (``HOOKS``), a function of a cache (a
-mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of sequences) and
-``to_dict`` (JSON).
+Each measurement module holds one measurement: its hook suffixes (``HOOKS``), a function of a
+cache (a mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of
+sequences) and ``to_dict`` (JSON). Around them:
+
+- :mod:`mechsink.measure.forward`: the one forward that caches only what the measurements read
+  and merges them over chunks (:func:`~mechsink.measure.forward.measure_forward`);
+- :mod:`mechsink.measure.registry`: the census's measurements, one entry each;
+- :mod:`mechsink.measure.census` and :mod:`mechsink.measure.timeline`: the census of a model
+  and the sink measurements over a training run;
+- :mod:`mechsink.measure.logit_split`: exact splits of an attention logit into parts;
+  :mod:`mechsink.measure.query_bias`: the GPT-2 query-bias algebra.
 """
 
 from mechsink.measure.keys import KeyBiasCosine, key_bias_cosine

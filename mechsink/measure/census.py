@@ -1,8 +1,10 @@
 """The sink census: every standard sink measurement of a model on every input suite.
 
-:func:`census` runs each suite x first-token variant in chunks of ``batch_size`` sequences, one
-forward per chunk, caching only the hooks the measurements read; each measurement is a pure
-function of that cache (:mod:`mechsink.measure`) and the per-chunk results are merged exactly.
+:func:`census` runs each suite x first-token variant in chunks of ``batch_size`` sequences
+(:func:`mechsink.measure.forward.measure_forward`: one forward per chunk, caching only the hooks
+the measurements read) and takes every measurement of
+:data:`mechsink.measure.registry.CENSUS_MEASUREMENTS` from each chunk's cache (pure functions,
+:mod:`mechsink.measure`); the per-chunk results are merged exactly.
 :func:`write_census` writes ``census.json`` atomically; its schema is documented in
 ``docs/census-schema.md`` (``schema: "mechsink-census/2"``).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -32,19 +34,20 @@ from mechsink.inputs.prompts import (
     make_prompts,
 )
 from mechsink.io import atomic_write_text
-from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure import sinks
 from mechsink.measure._cache import CacheLike, hook_names, rounded
+from mechsink.measure.checks import check_batch_size
+from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
+from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext, CensusMeasurement
 from mechsink.model import (
     act_name,
     architecture_summary,
     bos_token_id,
     check_seq_len,
     down_projection,
-    has_hook,
     head_output_weights,
     token_strings,
 )
-from mechsink.names import renamed_kwarg
 
 SCHEMA = "mechsink-census/2"  # /2: super_neuron_sets (complete super-neuron sets)
 READABLE_SCHEMAS = ("mechsink-census/1", SCHEMA)
@@ -75,19 +78,27 @@ class AttentionExample:
 
 @dataclass(frozen=True)
 class RunCensus:
-    """Every measurement of one suite x first-token variant."""
+    """Every measurement of one suite x first-token variant: one attribute per entry of
+    :data:`mechsink.measure.registry.CENSUS_MEASUREMENTS` (``run.sinks``, ``run.massive``,
+    ``run.mlp``, ``run.super_sets``, ``run.norm_ratio``, ``run.value_drain``, ``run.heads``,
+    ``run.keys``, ``run.variance``), and the attention example."""
 
     prompts: dict[str, Any]
-    sinks: sinks.SinkScores
-    massive: massive.MassiveReport
-    mlp: super_neurons.MlpSpikes
-    super_sets: super_neurons.SuperNeuronSets
-    norm_ratio: norms.PerSequence
-    value_drain: norms.PerSequence
-    heads: norms.HeadNorms
-    keys: keys.KeyBiasCosine
-    variance: variance.VarianceStats
+    measurements: Mapping[str, Any]
     example: AttentionExample
+    entries: tuple[CensusMeasurement, ...] = field(default=CENSUS_MEASUREMENTS, repr=False)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("measurements", "entries"):  # probes before init
+            raise AttributeError(name)
+        try:
+            return self.measurements[name]
+        except KeyError:
+            raise AttributeError(f"RunCensus has no measurement {name!r}; it has "
+                                 f"{', '.join(self.measurements)}.") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self.measurements})
 
     @property
     def name(self) -> str:
@@ -102,9 +113,8 @@ class RunCensus:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.prompts}
-        for part in (self.sinks, self.massive, self.mlp, self.super_sets, self.norm_ratio,
-                     self.value_drain, self.heads, self.keys, self.variance):
-            out.update(part.to_dict())
+        for entry in self.entries:
+            out.update(entry.to_json(self.measurements[entry.name]))
         out["attention_example"] = self.example.to_dict()
         return out
 
@@ -154,15 +164,13 @@ class Census:
                 "runs": [r.to_dict() for r in self.runs]}
 
 
-# --- one chunk ---------------------------------------------------------------------------------
+# --- one cache -------------------------------------------------------------------------------
 
 
-def needed_hooks(model: Any) -> list[str]:
+def needed_hooks(model: Any,
+                 measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS) -> list[str]:
     """Every hook name the measurements read (the census's names_filter)."""
-    rotary = has_hook(model, "blocks.0." + keys.ROTARY_HOOKS[0])
-    suffixes = {*sinks.HOOKS, *massive.HOOKS, *super_neurons.SET_HOOKS, *norms.RESID_HOOKS,
-                *norms.VALUE_HOOKS, *norms.HEAD_HOOKS, *variance.HOOKS,
-                *(keys.ROTARY_HOOKS if rotary else keys.PLAIN_HOOKS)}
+    suffixes = {s for entry in measurements for s in entry.hooks_of(model)}
     return hook_names(int(model.cfg.n_layers), sorted(suffixes))
 
 
@@ -173,28 +181,11 @@ def measure_cache(
     w_o: Float[Tensor, "layer head d_head d_model"],
     eps: float = sinks.DEFAULT_EPS,
     position: int | None = None,
-    **old: Any,
 ) -> dict[str, Any]:
-    """All census measurements of one cache (pure: no model call), keyed by RunCensus field;
-    sink scores of key ``position`` (default 0; ``key_pos=`` is its old name)."""
-    position = renamed_kwarg(old, "key_pos", "position", position, "measure_cache")
-    if old:
-        raise TypeError(f"measure_cache() got unexpected arguments {sorted(old)}.")
-    return {
-        "sinks": sinks.sink_scores(cache, 0 if position is None else position, eps),
-        "massive": massive.massive_activations(cache),
-        "mlp": super_neurons.mlp_spikes(cache, w_out),
-        "super_sets": super_neurons.super_neuron_sets(cache, w_out),
-        "norm_ratio": norms.first_token_norm_ratio(cache),
-        "value_drain": norms.value_drain(cache),
-        "heads": norms.head_output_norms(cache, w_o),
-        "keys": keys.key_bias_cosine(cache),
-        "variance": variance.variance_stats(cache),
-    }
-
-
-def _merge(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    return {name: type(parts[0][name]).merge([p[name] for p in parts]) for name in parts[0]}
+    """All census measurements of one cache (pure: no model call), keyed by their registry
+    name; sink scores of key ``position`` (default 0)."""
+    context = CensusContext(w_out, w_o, eps, 0 if position is None else position)
+    return {entry.name: entry.measure(cache, context) for entry in CENSUS_MEASUREMENTS}
 
 
 # --- the census --------------------------------------------------------------------------------
@@ -207,8 +198,9 @@ def check_census_args(
     """Every argument check that can run before any work."""
     check_suite_args(suites, variants, n, seq_len)
     sinks.check_eps(eps)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise BadInputError(f"batch_size must be a positive integer, got {batch_size!r}.")
+    if batch_size is None:
+        raise BadInputError("batch_size must be a positive integer, got None.")
+    check_batch_size(batch_size)
     check_seq_len(model, seq_len)
     if "bos" in variants and bos_token_id(model) is None:
         raise BadInputError("variant 'bos' needs a BOS token and this tokenizer has none: "
@@ -228,12 +220,16 @@ def census(
     prompts: Sequence[PromptSet] | None = None,
     model_name: str | None = None,
     progress: Progress | None = None,
+    measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS,
 ) -> Census:
     """Measure ``model`` on every suite x variant (or on the given ``prompts`` instead).
 
     ``n`` sequences of ``seq_len`` tokens each, drawn from ``seed``; ``eps`` is the sink-rate
     threshold; ``batch_size`` sequences go through one forward (memory grows with it).
+    ``measurements``: what each run measures (default: the registry; add an entry of your own
+    with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
     """
+    entries = _check_measurements(measurements)
     for what, names in (("suites", suites), ("variants", variants)):
         if isinstance(names, str):  # census(m, "natural") would read as suites n, a, t, ...
             raise BadInputError(f"{what} takes a list of names, not the string {names!r}: "
@@ -248,10 +244,9 @@ def census(
             raise BadInputError("prompts is empty: pass at least one PromptSet.")
         for p in prompt_sets:
             check_census_args(model, ["natural"], ["nobos"], p.n, p.seq_len, eps, batch_size)
-    names = needed_hooks(model)
-    w_out, w_o = down_projection(model), head_output_weights(model)
+    context = CensusContext(down_projection(model), head_output_weights(model), eps)
     with _default_bar(prompt_sets, progress) as report:
-        runs = tuple(_run_one(model, p, names, w_out, w_o, eps, batch_size, report)
+        runs = tuple(_run_one(model, p, context, batch_size, report, entries)
                      for p in prompt_sets)
     settings = {"suites": sorted({p.suite for p in prompt_sets}, key=_suite_order),
                 "variants": sorted({p.variant for p in prompt_sets}, key=_variant_order),
@@ -293,32 +288,60 @@ def _variant_order(v: str) -> tuple[int, str]:
     return (VARIANTS.index(v) if v in VARIANTS else len(VARIANTS), v)
 
 
+def _example_pattern(n_layers: int) -> Measurement:
+    """Sequence 0's attention pattern in every layer, ``[layer, head, query, key]`` (read from
+    the first chunk only)."""
+
+    def read(forward: Forward) -> Tensor | None:
+        if forward.start > 0:
+            return None
+        return torch.stack([forward.cache[act_name("pattern", layer)][0]
+                            for layer in range(n_layers)]).cpu()
+
+    return Measurement(sinks.HOOKS, read, first_chunk)
+
+
+def _check_measurements(measurements: Sequence[CensusMeasurement]
+                        ) -> tuple[CensusMeasurement, ...]:
+    """The census's measurements, checked before any work: entries with distinct names that
+    do not hide a RunCensus attribute."""
+    entries = tuple(measurements)
+    if not entries or not all(isinstance(e, CensusMeasurement) for e in entries):
+        raise BadInputError("measurements takes a non-empty list of CensusMeasurement entries "
+                            "(mechsink.measure.registry).")
+    names = [e.name for e in entries]
+    if "sinks" not in names:
+        raise BadInputError("measurements must keep the 'sinks' entry: the run's attention "
+                            "example shows its strongest sink heads.")
+    taken = {f.name for f in fields(RunCensus)} | {"name", "to_dict", "attention_example"}
+    clash = sorted({n for n in names if names.count(n) > 1 or n in taken or n.startswith("_")})
+    if clash:
+        raise BadInputError(f"census measurement names must be distinct and must not be "
+                            f"{', '.join(sorted(taken))} or start with '_': got {clash}.")
+    return entries
+
+
 def _run_one(
-    model: Any, prompts: PromptSet, names: list[str], w_out: Tensor, w_o: Tensor, eps: float,
-    batch_size: int, progress: Progress | None,
+    model: Any, prompts: PromptSet, context: CensusContext, batch_size: int,
+    progress: Progress | None, entries: tuple[CensusMeasurement, ...] = CENSUS_MEASUREMENTS,
 ) -> RunCensus:
-    parts: list[dict[str, Any]] = []
-    example_pattern: Tensor | None = None
-    tokens = prompts.tokens
-    for start in range(0, prompts.n, batch_size):
-        chunk = tokens[start:start + batch_size]
-        with torch.no_grad():
-            _, cache = model.run_with_cache(chunk, names_filter=names, return_type=None)
-        parts.append(measure_cache(cache, w_out=w_out, w_o=w_o, eps=eps))
-        if example_pattern is None:
-            example_pattern = torch.stack([cache[act_name("pattern", layer)][0]
-                                           for layer in range(int(model.cfg.n_layers))]).cpu()
-        del cache
+    measurements = {entry.name: entry.on(model, context) for entry in entries}
+    measurements["attention_example"] = _example_pattern(int(model.cfg.n_layers))
+
+    def done(n_done: int, n_total: int) -> None:
         if progress is not None:
-            progress(prompts.name, min(start + batch_size, prompts.n), prompts.n)
-    merged = _merge(parts)
-    assert example_pattern is not None
+            progress(prompts.name, n_done, n_total)
+
+    merged = measure_forward(model, prompts.tokens, measurements, batch_size=batch_size,
+                             on_chunk=done)
+    example_pattern = merged.pop("attention_example")
     top = merged["sinks"].top_heads(EXAMPLE_HEADS)
     example = AttentionExample(
-        token_strings(model, tokens[0]), top,
+        token_strings(model, prompts.tokens[0]), top,
         torch.stack([example_pattern[layer, head] for layer, head, _ in top]).float(),
     )
-    return RunCensus(prompts=prompts.to_dict(), example=example, **merged)
+    return RunCensus(prompts=prompts.to_dict(), measurements=merged, example=example,
+                     entries=entries)
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -8,8 +8,11 @@ enters attention), the pre-softmax logit of query ``i`` to key ``j`` is
 
 The first term, ``Delta_j``, does not depend on the query: a key that scores high on it is
 attended to by every query alike (a sink). The last term depends only on ``i`` and cancels in
-the softmax. :func:`split_attention_logits` returns ``Delta`` and the rest; they sum to the
-model's own ``hook_attn_scores`` on the causal part.
+the softmax. :func:`split_attention_logits` returns ``Delta`` and the rest from the weights;
+they sum to the model's own ``hook_attn_scores`` on the causal part. :func:`delta_attribution`
+splits ``Delta`` further over the residual pieces. The split of a model's logits into the four
+bilinear parts, rotated as the model rotates them, is
+:func:`mechsink.measure.logit_split.bias_logit_split` (also importable from here).
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.errors import BadInputError
+from mechsink.measure.logit_split import BIAS_PARTS, BiasSplit, bias_logit_split
 from mechsink.model import act_name
+
+__all__ = ["BIAS_PARTS", "BiasSplit", "LogitSplit", "bias_logit_split", "delta_attribution",
+           "residual_components", "split_attention_logits"]
 
 
 @dataclass(frozen=True)
@@ -89,79 +95,3 @@ def delta_attribution(
     if ln_b is not None:
         out["LayerNorm bias"] = (ln_b @ keys_of_bq.T).expand(len(scale), -1)
     return out
-
-
-BIAS_PARTS = ("content", "query bias", "key bias", "both biases")
-
-
-@dataclass(frozen=True)
-class BiasSplit:
-    """One layer's attention logits as four bilinear parts (scaled as the model scales them):
-
-    ``content`` ``(x_i W_Q) . (x_j W_K)``; ``query bias`` ``b_Q . (x_j W_K)`` (Delta_j);
-    ``key bias`` ``(x_i W_Q) . b_K``; ``both biases`` ``b_Q . b_K``; each with the model's own
-    rotation of queries and keys applied first when it has one (so under rotary positions the
-    key-bias parts depend on the key's position and do not cancel in the softmax).
-    """
-
-    parts: dict[str, Float[Tensor, "batch head query key"]]
-
-    def total(self) -> Float[Tensor, "batch head query key"]:
-        return sum(self.parts.values())  # type: ignore[return-value]
-
-
-@torch.no_grad()
-def bias_logit_split(model: Any, tokens: Tensor, layer: int, *, tol: float = 1e-4) -> BiasSplit:
-    """Split ``layer``'s attention logits into content, query-bias, key-bias and bias-bias parts.
-
-    The model runs twice: as it is, and with ``b_Q``/``b_K`` subtracted from that layer's queries
-    and keys before their rotation. The rotation is linear, so the biased-minus-unbiased rotated
-    vectors are the rotated biases, and the four parts sum to the model's own
-    ``hook_attn_scores`` (checked on the causal part to ``tol`` relative to the logits' scale).
-    """
-    from mechsink.model import has_hook, n_kv_heads, query_bias
-
-    b_q = query_bias(model, layer)
-    b_k_all = getattr(model, "b_K", None)
-    d_head = int(model.cfg.d_head)
-    b_q = torch.zeros(int(model.cfg.n_heads), d_head) if b_q is None else b_q
-    b_k = (torch.zeros(n_kv_heads(model), d_head) if b_k_all is None
-           else b_k_all[layer].detach())
-    q_name, k_name = act_name("attn.hook_q", layer), act_name("attn.hook_k", layer)
-    rq, rk = act_name("attn.hook_rot_q", layer), act_name("attn.hook_rot_k", layer)
-    read_q = rq if has_hook(model, rq) else q_name
-    read_k = rk if has_hook(model, rk) else k_name
-    scores_name = act_name("attn.hook_attn_scores", layer)
-    _, cache = model.run_with_cache(tokens, names_filter=[read_q, read_k, scores_name],
-                                    stop_at_layer=layer + 1)
-    seen: dict[str, Tensor] = {}
-
-    def record(t: Tensor, hook: Any) -> None:
-        seen[hook.name] = t.detach().clone()
-
-    hooks = [(q_name, lambda q, hook: q - b_q.to(q.dtype)),
-             (k_name, lambda k, hook: k - b_k.to(k.dtype)),
-             (read_q, record), (read_k, record)]
-    model.run_with_hooks(tokens, fwd_hooks=hooks, stop_at_layer=layer + 1)
-    q_all, k_all = cache[read_q].double(), cache[read_k].double()  # [batch, pos, head, d]
-    q_c, k_c = seen[read_q].double(), seen[read_k].double()
-    q_b, k_b = q_all - q_c, k_all - k_c
-    group = int(model.cfg.n_heads) // k_all.shape[2]
-    k_c, k_b = (t.repeat_interleave(group, dim=2) for t in (k_c, k_b))
-    attn_scale = float(getattr(model.cfg, "attn_scale", -1.0) or -1.0)
-    s = 1.0 / (attn_scale if attn_scale > 0 else math.sqrt(d_head))
-
-    def dot(a: Tensor, b: Tensor) -> Tensor:
-        return s * torch.einsum("bqhe,bkhe->bhqk", a, b)
-
-    parts = {"content": dot(q_c, k_c), "query bias": dot(q_b, k_c),
-             "key bias": dot(q_c, k_b), "both biases": dot(q_b, k_b)}
-    split = BiasSplit(parts)
-    t = tokens.shape[1]
-    causal = torch.ones(t, t, dtype=torch.bool).tril()
-    own = cache[scores_name].double()[..., causal]
-    err = float((split.total()[..., causal] - own).abs().max())
-    if err > tol * max(1.0, float(own.abs().max())):
-        raise BadInputError(f"the four parts miss layer {layer}'s hook_attn_scores by {err:.3g}: "
-                            "this attention is not supported by bias_logit_split.")
-    return split

@@ -24,7 +24,6 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
-from mechsink.names import deprecated, renamed_kwarg
 
 HOOKS = ("attn.hook_pattern",)
 DEFAULT_EPS = 0.3
@@ -35,12 +34,10 @@ def sink_score(
     position: int | None = None,
     *,
     include_self: bool = True,
-    **old: Any,
 ) -> Float[Tensor, "batch head"]:
     """Per sequence and head, the mean attention paid to key ``position`` (default 0) by the
-    queries at (``include_self``, Gu's version, the default) or after it. ``key_pos=`` is the
-    old name of ``position=``."""
-    key_pos = _position(position, old, "sink_score")
+    queries at (``include_self``, Gu's version, the default) or after it."""
+    key_pos = 0 if position is None else int(position)
     n_query = pattern.shape[-2]
     if not 0 <= key_pos < pattern.shape[-1]:
         raise BadInputError(
@@ -53,13 +50,6 @@ def sink_score(
             "use a longer sequence or include_self=True."
         )
     return pattern[..., first:, key_pos].mean(dim=-1)
-
-
-def _position(position: int | None, old: dict[str, Any], where: str) -> int:
-    position = renamed_kwarg(old, "key_pos", "position", position, where)
-    if old:
-        raise TypeError(f"{where}() got unexpected arguments {sorted(old)}.")
-    return 0 if position is None else int(position)
 
 
 def check_eps(eps: float) -> None:
@@ -96,12 +86,6 @@ class SinkScores:
         first = parts[0]
         return cls(first.position, first.eps, torch.cat([p.gu for p in parts]),
                    torch.cat([p.no_self for p in parts]))
-
-    @property
-    def key_pos(self) -> int:
-        """Deprecated name of :attr:`position`."""
-        deprecated("SinkScores.key_pos", "SinkScores.position")
-        return self.position
 
     def per_sequence(self, include_self: bool = True) -> Float[Tensor, "batch layer head"]:
         """Per-sequence scores: Gu's version (default) or the one from query ``k + 1``."""
@@ -156,11 +140,11 @@ class SinkScores:
 
 
 def sink_scores(
-    cache: CacheLike, position: int | None = None, eps: float = DEFAULT_EPS, **old: Any,
+    cache: CacheLike, position: int | None = None, eps: float = DEFAULT_EPS,
 ) -> SinkScores:
     """Both sink-score versions of key ``position`` (default 0) for every layer and head, from
-    ``attn.hook_pattern``. ``key_pos=`` is the old name of ``position=``."""
-    key_pos = _position(position, old, "sink_scores")
+    ``attn.hook_pattern``."""
+    key_pos = 0 if position is None else int(position)
     check_eps(eps)
     pattern = stacked(cache, HOOKS[0])  # [layer, batch, head, query, key]
     n_layers, batch = pattern.shape[:2]

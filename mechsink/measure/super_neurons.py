@@ -210,7 +210,7 @@ class SuperNeuronSet:
                 "complete": self.complete}
 
 
-def _complete_set(
+def complete_set(
     post0: Float[Tensor, "batch d_mlp"], out0: Float[Tensor, " batch"],
     w: Float[Tensor, " d_mlp"], coverage: float, layer: int, channel: int,
 ) -> SuperNeuronSet:
@@ -292,7 +292,7 @@ class SuperNeuronSets:
 
     def sets(self) -> list[SuperNeuronSet]:
         """The complete set of every (layer, channel) the MLP writes a spike into at position 0."""
-        return [_complete_set(self.post0[:, layer], self.out0[:, layer, channel],
+        return [complete_set(self.post0[:, layer], self.out0[:, layer, channel],
                               self.w_out[layer, :, channel].to(self.post0.device), self.coverage,
                               layer, channel)
                 for layer, channel in self.channels()]

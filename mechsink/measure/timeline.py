@@ -14,16 +14,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from jaxtyping import Int
 from torch import Tensor
 
 from mechsink.io import atomic_write_json
-from mechsink.measure import first_token_norm_ratio, sink_scores
-from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.model import hf_model_of
+from mechsink.measure._cache import CacheLike
+from mechsink.measure.forward import measure_forward, of_cache
+from mechsink.measure.norms import RESID_HOOKS, first_token_norm_ratio
+from mechsink.measure.sinks import DEFAULT_EPS, SinkScores, sink_scores
+from mechsink.measure.sinks import HOOKS as SINK_HOOKS
+from mechsink.model import hf_model_of, load_model
 from mechsink.model.variants import attention_variant_of, sink_pattern
-from mechsink.model.zoo import load_model
 
 TIMELINE_SCHEMA = "mechsink-timeline/1"
 
@@ -41,19 +42,27 @@ class TimelinePoint:
     max_abs_resid: float  # largest |x[l, p, c]| over layers, positions and channels
 
 
-@torch.no_grad()
 def measure_checkpoint(model: Any, tokens: Int[Tensor, "batch pos"], eps: float) -> dict:
-    """The timeline measurements of one model on ``tokens``."""
-    wanted = ("attn.hook_pattern", "hook_resid_post")
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith(wanted))
+    """The timeline measurements of one model on ``tokens`` (one forward)."""
     variant = attention_variant_of(hf_model_of(model))
-    patterns = {n: sink_pattern(cache[n], variant) for n in cache if n.endswith(wanted[0])}
-    scores = sink_scores(patterns, position=0, eps=eps)
-    ratio = first_token_norm_ratio(cache).mean
-    resid = max(cache[n].abs().max().item() for n in cache if n.endswith("hook_resid_post"))
+
+    def sinks(cache: CacheLike) -> SinkScores:
+        patterns = {n: sink_pattern(cache[n], variant) for n in cache.keys()
+                    if n.endswith(SINK_HOOKS[0])}
+        return sink_scores(patterns, position=0, eps=eps)
+
+    def largest_resid(cache: CacheLike) -> float:
+        return max(cache[n].abs().max().item() for n in cache.keys()
+                   if n.endswith(RESID_HOOKS[0]))
+
+    got = measure_forward(model, tokens, {
+        "sinks": of_cache(SINK_HOOKS, sinks),
+        "ratio": of_cache(RESID_HOOKS, first_token_norm_ratio),
+        "resid": of_cache(RESID_HOOKS, largest_resid, merge=max)})
+    scores = got["sinks"]
     return dict(sink_rate=scores.rate, sink_rate_no_self=scores.rate_no_self,
                 max_sink_score=scores.no_self.mean(0).max().item(),
-                first_token_norm_ratio=ratio.max().item(), max_abs_resid=resid)
+                first_token_norm_ratio=got["ratio"].mean.max().item(), max_abs_resid=got["resid"])
 
 
 def sink_timeline(run_dir: str | Path, tokens: Int[Tensor, "batch pos"],

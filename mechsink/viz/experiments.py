@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,40 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     for ax in (ax_loss, ax_sink):
         ax.legend()
         ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+@use_style
+def plot_sink_free(result: dict[str, Any], path: str | Path, metrics: dict[str, str]) -> Path:
+    """One row per task, one panel per measurement (``metrics``: key in an arm's ``final`` ->
+    title): each seed a dot, the mean a bar; and the sink timeline (largest sink score over
+    checkpoints) of every arm, seed-averaged."""
+    tasks = result["tasks"]
+    cols = len(metrics) + 1
+    fig, axes = plt.subplots(len(tasks), cols, figsize=(3.2 * cols, 3.0 * len(tasks)),
+                             squeeze=False)
+    for row, (recipe, task) in enumerate(tasks.items()):
+        names = list(task["arms"])
+        for col, (metric, title) in enumerate(metrics.items()):
+            ax = axes[row][col]
+            for x, v in enumerate(names):
+                vals = [a["final"][metric] for a in task["arms"][v]]
+                ax.bar(x, statistics.fmean(vals), color="0.8")
+                ax.scatter([x] * len(vals), vals, s=10, color="k", zorder=3)
+            ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
+            ax.set_title(f"{title}\n{recipe}", fontsize=8)
+            if metric in ("max_abs_resid", "first_token_norm_ratio"):
+                ax.set_yscale("log")
+        ax = axes[row][-1]
+        for v in names:
+            runs = task["arms"][v]
+            steps = [p["step"] for p in runs[0]["timeline"]]
+            mean = [statistics.fmean(r["timeline"][i]["max_sink_score"] for r in runs)
+                    for i in range(len(steps))]
+            ax.plot([max(s, 1) for s in steps], mean, label=v, marker=".")
+        ax.set_xscale("log")
+        ax.set_title(f"largest sink score over training\n{recipe}", fontsize=8)
+        ax.legend(fontsize=6)
     return _save(fig, path)
 
 

@@ -88,8 +88,20 @@ def fit_titles(fig: Any) -> Any:
 
 def save(fig: Any, path: Any) -> Any:
     """Save ``fig`` at the house resolution (titles wrapped to fit, :func:`fit_titles`) and
-    close it; returns ``path``."""
+    close it; returns ``path``. A path is written atomically (a temporary file renamed into
+    place: an interrupted save leaves no half figure); the format is its suffix (png without)."""
     fit_titles(fig)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    try:
+        if hasattr(path, "write"):  # an open file: the caller owns it
+            fig.savefig(path, dpi=DPI)
+        else:
+            from pathlib import Path
+
+            from mechsink.io import atomic_file
+
+            target = Path(path)
+            with atomic_file(target) as (_, handle):
+                fig.savefig(handle, dpi=DPI, format=target.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
     return path

@@ -1,0 +1,108 @@
+"""Run the model and read measurements off its cache: the one forward every readout uses.
+
+A :class:`Measurement` names the per-block hooks it reads, what it computes from one chunk of
+sequences (a :class:`Forward`: the chunk's tokens, its cache and, when asked, its logits) and
+how the chunks' values combine. :func:`measure_forward` runs the tokens in chunks, caching only
+the hooks the measurements need, and returns every measurement merged over the chunks. The
+census, the timeline and the readouts under interventions
+(:mod:`mechsink.interventions.readout`, which installs the edits around this) are built on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mechsink.errors import BadInputError
+from mechsink.measure._cache import CacheLike, hook_names
+from mechsink.measure.checks import check_batch_size
+
+ChunkDone = Callable[[int, int], None]  # (sequences done, sequences in all)
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One chunk's forward: its tokens, where the chunk starts in the batch, the cached hooks
+    and the logits (None unless a measurement asked for them)."""
+
+    tokens: Int[Tensor, "batch pos"]
+    start: int
+    cache: CacheLike
+    logits: Float[Tensor, "batch pos vocab"] | None
+
+
+def merge_chunks(parts: Sequence[Any]) -> Any:
+    """The default merge: tensors are concatenated along the batch; a result with a ``merge``
+    classmethod (every :mod:`mechsink.measure` result) merges itself."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        return torch.cat(list(parts))
+    merge = getattr(type(first), "merge", None)
+    if merge is None:
+        raise TypeError(f"a {type(first).__name__} has no merge: give the Measurement one.")
+    return merge(list(parts))
+
+
+def first_chunk(parts: Sequence[Any]) -> Any:
+    """A merge that keeps the first chunk's value (e.g. an example read from sequence 0)."""
+    return parts[0]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What to read off a forward: the per-block hook suffixes it needs (cached at every layer),
+    its value on one chunk, how chunk values merge, and whether it needs the logits."""
+
+    hooks: tuple[str, ...]
+    read: Callable[[Forward], Any]
+    merge: Callable[[Sequence[Any]], Any] = merge_chunks
+    logits: bool = False
+
+
+def of_cache(hooks: Sequence[str], fn: Callable[[CacheLike], Any],
+             merge: Callable[[Sequence[Any]], Any] = merge_chunks) -> Measurement:
+    """A measurement that is a function of the cache alone (the pure functions of this package)."""
+    return Measurement(tuple(hooks), lambda forward: fn(forward.cache), merge)
+
+
+@torch.no_grad()
+def measure_forward(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    measurements: Mapping[str, Measurement],
+    *,
+    batch_size: int | None = None,
+    on_chunk: ChunkDone | None = None,
+) -> dict[str, Any]:
+    """Run ``tokens`` through ``model`` in chunks of ``batch_size`` sequences (None: one
+    forward), caching only the hooks ``measurements`` read, and return each measurement merged
+    over the chunks (keyed as given). Hooks installed on the model (interventions) stay in place
+    for every chunk; ``on_chunk(done, total)`` is called after each."""
+    check_batch_size(batch_size)
+    if not measurements:
+        raise BadInputError("measure_forward needs at least one measurement.")
+    suffixes = sorted({s for m in measurements.values() for s in m.hooks})
+    names = hook_names(int(model.cfg.n_layers), suffixes)
+    want_logits = any(m.logits for m in measurements.values())
+    n = int(tokens.shape[0])
+    if tokens.ndim != 2 or n == 0:
+        raise BadInputError(f"tokens must be [batch, pos] with at least one sequence, got shape "
+                            f"{tuple(tokens.shape)}.")
+    step = n if batch_size is None else batch_size
+    parts: dict[str, list[Any]] = {key: [] for key in measurements}
+    for start in range(0, n, step):
+        chunk = tokens[start:start + step]
+        logits, cache = model.run_with_cache(chunk, names_filter=names,
+                                             return_type="logits" if want_logits else None)
+        forward = Forward(chunk, start, cache, logits if want_logits else None)
+        for key, m in measurements.items():
+            parts[key].append(m.read(forward))
+        del forward, cache, logits
+        if on_chunk is not None:
+            on_chunk(min(start + step, n), n)
+    return {key: measurements[key].merge(values) for key, values in parts.items()}

@@ -1,0 +1,92 @@
+"""The census's measurements, one entry each: what :func:`mechsink.measure.census.census` reads.
+
+An entry names its :class:`~mechsink.measure.census.RunCensus` attribute, the per-block hooks it
+reads (or a function of the model giving them), its pure function of a cache (with the model's
+weights and the census settings in a :class:`CensusContext`), how chunks of sequences merge
+(default: the result's own ``merge``) and its JSON (default: the result's ``to_dict()``, whose
+keys go straight into the run's object in ``census.json``; document them in
+``docs/census-schema.md``). Adding a census measurement is one module under
+:mod:`mechsink.measure` and one entry in :data:`CENSUS_MEASUREMENTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from jaxtyping import Float
+from torch import Tensor
+
+from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure._cache import CacheLike
+from mechsink.measure.forward import Measurement, merge_chunks
+from mechsink.model import has_hook
+
+
+@dataclass(frozen=True)
+class CensusContext:
+    """What a census measurement may read besides the cache: the model's stacked weights and
+    the census settings."""
+
+    w_out: Float[Tensor, "layer d_mlp d_model"]  # MLP down projections
+    w_o: Float[Tensor, "layer head d_head d_model"]  # attention output projections
+    eps: float = sinks.DEFAULT_EPS  # sink-rate threshold
+    position: int = 0  # the key position the sink scores are of
+
+
+def _to_dict(result: Any) -> dict[str, Any]:
+    return result.to_dict()
+
+
+@dataclass(frozen=True)
+class CensusMeasurement:
+    """One census measurement (see the module doc)."""
+
+    name: str
+    hooks: tuple[str, ...] | Callable[[Any], tuple[str, ...]]
+    measure: Callable[[CacheLike, CensusContext], Any]
+    merge: Callable[[Sequence[Any]], Any] = merge_chunks
+    to_json: Callable[[Any], dict[str, Any]] = _to_dict
+
+    def hooks_of(self, model: Any) -> tuple[str, ...]:
+        """The hook suffixes this measurement reads on ``model``."""
+        return self.hooks(model) if callable(self.hooks) else self.hooks
+
+    def on(self, model: Any, context: CensusContext) -> Measurement:
+        """This entry as a :class:`~mechsink.measure.forward.Measurement` of ``model``."""
+        return Measurement(self.hooks_of(model),
+                           lambda forward: self.measure(forward.cache, context), self.merge)
+
+
+def _qk_hooks(model: Any) -> tuple[str, ...]:
+    """The rotated queries and keys where the model has them, else the plain ones."""
+    return keys.ROTARY_HOOKS if has_hook(model, "blocks.0." + keys.ROTARY_HOOKS[0]) \
+        else keys.PLAIN_HOOKS
+
+
+CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
+    CensusMeasurement("sinks", sinks.HOOKS,
+                      lambda cache, c: sinks.sink_scores(cache, c.position, c.eps)),
+    CensusMeasurement("massive", massive.HOOKS,
+                      lambda cache, c: massive.massive_activations(cache)),
+    CensusMeasurement("mlp", super_neurons.HOOKS,
+                      lambda cache, c: super_neurons.mlp_spikes(cache, c.w_out)),
+    CensusMeasurement("super_sets", super_neurons.SET_HOOKS,
+                      lambda cache, c: super_neurons.super_neuron_sets(cache, c.w_out)),
+    CensusMeasurement("norm_ratio", norms.RESID_HOOKS,
+                      lambda cache, c: norms.first_token_norm_ratio(cache)),
+    CensusMeasurement("value_drain", norms.VALUE_HOOKS,
+                      lambda cache, c: norms.value_drain(cache)),
+    CensusMeasurement("heads", norms.HEAD_HOOKS,
+                      lambda cache, c: norms.head_output_norms(cache, c.w_o)),
+    CensusMeasurement("keys", _qk_hooks, lambda cache, c: keys.key_bias_cosine(cache)),
+    CensusMeasurement("variance", variance.HOOKS,
+                      lambda cache, c: variance.variance_stats(cache)),
+)
+"""Every census measurement, in the order their JSON is written."""
+
+
+def measurement_names() -> tuple[str, ...]:
+    """The names of the registered measurements (the attributes of a RunCensus)."""
+    return tuple(m.name for m in CENSUS_MEASUREMENTS)
