@@ -15,7 +15,6 @@ and check their parts against the model's scores before returning:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from mechsink.measure._cache import rounded
 from mechsink.measure.checks import check_channels
 from mechsink.model import (
     act_name,
+    attention_scale,
     has_hook,
     key_bias,
     key_weights,
@@ -37,16 +37,6 @@ from mechsink.model import (
 )
 
 # --- shared: the scale, the rotated q/k, grouped heads, the check against the model -------------
-
-
-def _attention_scale(model: Any) -> float:
-    """The factor the model multiplies ``q . k`` by: ``1 / attn_scale`` (``sqrt(d_head)`` by
-    default), or 1 when the model does not scale its scores."""
-    # TODO(lead): use mechsink.model.attention_scale
-    if not bool(getattr(model.cfg, "use_attn_scale", True)):
-        return 1.0
-    attn_scale = float(getattr(model.cfg, "attn_scale", -1.0) or -1.0)
-    return 1.0 / attn_scale if attn_scale > 0 else 1.0 / math.sqrt(int(model.cfg.d_head))
 
 
 def _scored_qk_names(model: Any, layer: int) -> tuple[str, str]:
@@ -129,7 +119,7 @@ def bias_logit_split(model: Any, tokens: Int[Tensor, "batch pos"], layer: int, *
     q_b, k_b = q_all - q_c, k_all - k_c
     group = _group_size(model)
     k_c, k_b = (t.repeat_interleave(group, dim=2) for t in (k_c, k_b))
-    s = _attention_scale(model)
+    s = 1.0 / attention_scale(model, layer)
 
     def dot(a: Tensor, b: Tensor) -> Tensor:
         return s * torch.einsum("bqhe,bkhe->bhqk", a, b)
@@ -311,7 +301,7 @@ def key_logit_split(
     j = _check_head_args(model, layer, head, n_pos, other_key)
     chans = check_channels(model, channels)
     v = _head_vectors(model, tokens, layer, head)
-    s = _attention_scale(model)
+    s = 1.0 / attention_scale(model, layer)
     mask = torch.zeros(v.x.shape[-1], dtype=torch.bool, device=v.x.device)
     mask[chans] = True
 
