@@ -9,6 +9,8 @@ process from writing the same folder at the same time.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
 import shlex
@@ -22,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MechsinkError
 
 __all__ = [
     "LOCK_FILE",
@@ -35,6 +37,11 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_json",
     "give_default_permissions",
+    "MANIFEST",
+    "DiskFullError",
+    "IncompleteResultError",
+    "result_set",
+    "check_result_set",
 ]
 
 
@@ -248,3 +255,114 @@ def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[P
         except FileNotFoundError:
             pass
         os.close(fd)
+
+
+# --- result sets: a command's folder holds one whole result or the previous one -----------------
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "mechsink-manifest/1"
+_STAGING = ".mechsink-staging-"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(MechsinkError, OSError):
+    """The disk (or quota) filled up while a result was written; the previous result stands."""
+
+
+class IncompleteResultError(MechsinkError):
+    """A result folder whose files do not match its manifest (a write was cut short)."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files_below(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
+
+
+def _remove_dead_staging(folder: Path) -> None:
+    """Staging folders of processes that no longer run (killed mid-write) are thrown away."""
+    for old in folder.glob(_STAGING + "*"):
+        pid = old.name[len(_STAGING):].split("-", 1)[0]
+        if not pid.isdigit() or not _pid_alive(int(pid)) or int(pid) == os.getpid():
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def result_set(folder: str | Path, *, command: str | None = None) -> Iterator[Path]:
+    """Write a command's whole result set into a staging folder; swap it into ``folder`` only
+    when the block succeeds, and write ``folder/manifest.json`` (every file, size, sha256) last.
+
+    While the block runs, ``folder`` keeps its previous result untouched: a kill, an error or a
+    full disk (a :class:`DiskFullError`, one line) leaves the previous complete set and its
+    manifest as they were. During the swap itself (renames only) the manifest is absent, so a
+    reader that checks it (:func:`check_result_set`) never takes a mixed set for a whole one.
+    Files of the previous set that the new one does not write are removed.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _remove_dead_staging(folder)
+    staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=folder))
+    try:
+        try:
+            yield staging
+            new = [p.relative_to(staging) for p in _files_below(staging)]
+            entries = {str(r): {"bytes": (staging / r).stat().st_size,
+                                "sha256": _sha256(staging / r)} for r in new}
+            manifest = {"format": MANIFEST_FORMAT, "command": command or shlex.join(sys.argv),
+                        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
+            # probe the space the manifest needs before the old set is touched
+            atomic_write_json(staging / MANIFEST, manifest)
+        except OSError as exc:
+            if exc.errno in _FULL:
+                raise DiskFullError(
+                    f"the disk is full ({exc.strerror}) while writing the result into {folder}: "
+                    "free some space and run the command again; the previous result there is "
+                    "untouched.") from None
+            raise
+        old = _read_manifest(folder)
+        (folder / MANIFEST).unlink(missing_ok=True)  # from here until the end: incomplete
+        for top in sorted({r.parts[0] for r in new}):
+            target = folder / top
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(staging / top, target)
+        if old is not None:
+            for name in set(old.get("files", {})) - set(entries):
+                (folder / name).unlink(missing_ok=True)
+        os.replace(staging / MANIFEST, folder / MANIFEST)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def check_result_set(folder: str | Path, *, full: bool = False) -> dict[str, Any]:
+    """The manifest of a result folder written by :func:`result_set`; an
+    :class:`IncompleteResultError` when it is missing or a file differs from it (sizes; with
+    ``full``, sha256 too)."""
+    folder = Path(folder)
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        raise IncompleteResultError(
+            f"{folder} holds no complete mechsink result (no {MANIFEST}: the command that "
+            "wrote it did not finish): run it again.")
+    for name, entry in manifest["files"].items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != entry["bytes"] or (
+                full and _sha256(path) != entry["sha256"]):
+            raise IncompleteResultError(
+                f"{path} does not match {folder / MANIFEST} (changed or cut short since the "
+                "result was written): run the command again.")
+    return manifest
