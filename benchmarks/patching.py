@@ -227,7 +227,7 @@ def main() -> None:
     lt = 0
     for c in comps:
         comp = parse_component(c)
-        f = 0 if comp.kind == "embed" else comp.layer
+        f = comp.block
         to_mlp = (sn_layer - f + 1) + (targets[-1] - sn_layer + 1) if f <= sn_layer else 0
         lt += (to_mlp + targets[-1] - f + 1) * t * b0
     best = lt / lt_s
