@@ -353,26 +353,7 @@ def run_patched(
                 stop_after=tuple(sorted(wanted)) if early else (),
                 prefix=prefix,  # type: ignore[arg-type]
             )
-        acts: dict[str, Tensor] = {}
-        for h in needs.hooks:
-            if h in before:
-                acts[h] = _repeat(base.acts[h], n)
-                continue
-            layer = layer_of(h)
-            present = n if layer is None else sum(j <= layer for j in joins)
-            got = captured[h]
-            if p:
-                axis = _position_axis(h)
-                got = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), present), got], axis)
-            acts[h] = got if present == n else torch.cat([got, _repeat(base.acts[h],
-                                                                        n - present)])
-        if positions is not None:
-            cols = [captured[final][:, q - p] if q >= p else _repeat(base.acts[final][:, q], n)
-                    for q in positions]
-            logits = unembed(model, torch.stack(cols, 1))
-        elif needs.logits == ALL and p:
-            logits = torch.cat([_repeat(base.logits[:, :p], n),  # type: ignore[index]
-                                logits], 1)  # type: ignore[list-item]
+        acts, logits = _complete(model, base, needs, captured, logits, before, joins, p)
         for i in range(n):
             sel = slice(i * batch, (i + 1) * batch)
             out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
@@ -384,6 +365,36 @@ def run_patched(
                                       f"{context} (patch {i})", metric)
                 values[j].append(torch.as_tensor(value) if grad else checked)
     return values
+
+
+def _complete(
+    model: Any, base: Run, needs: Needs, captured: dict[str, Tensor], logits: Tensor | None,
+    before: set[str], joins: list[int], p: int,
+) -> tuple[dict[str, Tensor], Tensor | None]:
+    """What the metrics read, for every copy: the captured activations with the positions
+    ``< p`` and the copies that had not joined yet taken from ``base``, and the logits."""
+    n = len(joins)
+    final = final_resid(model)
+    acts: dict[str, Tensor] = {}
+    for h in needs.hooks:
+        if h in before:
+            acts[h] = _repeat(base.acts[h], n)
+            continue
+        layer = layer_of(h)
+        present = n if layer is None else sum(j <= layer for j in joins)
+        got = captured[h]
+        if p:
+            axis = _position_axis(h)
+            got = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), present), got], axis)
+        acts[h] = got if present == n else torch.cat([got, _repeat(base.acts[h], n - present)])
+    if isinstance(needs.logits, tuple):
+        cols = [captured[final][:, q - p] if q >= p else _repeat(base.acts[final][:, q], n)
+                for q in needs.logits]
+        logits = unembed(model, torch.stack(cols, 1))
+    elif needs.logits == ALL and p:
+        logits = torch.cat([_repeat(base.logits[:, :p], n),  # type: ignore[index]
+                            logits], 1)  # type: ignore[list-item]
+    return acts, logits
 
 
 def _growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple[str, HookFn]]:

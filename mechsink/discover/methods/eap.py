@@ -4,22 +4,16 @@ edge from one forward and one backward pass."""
 
 from __future__ import annotations
 
+from mechsink.discover import scores
 from mechsink.discover.methods import register
 from mechsink.discover.run import GraphRun
-from mechsink.discover.scores import (
-    EdgeScores,
-    check_verify,
-    clean_gradients,
-    finish,
-    from_grads,
-    on_edges,
-)
+from mechsink.discover.scores import EdgeScores
 
 
 @register("eap")
 def eap(run: GraphRun, *, qk_fix: bool = True, verify: int = 20) -> EdgeScores:
     """Edge attribution patching at the clean run (one forward, one backward)."""
-    check_verify(verify)
-    grads = clean_gradients(run)
-    values = on_edges(run, from_grads(run, grads))
-    return finish(run, values, "eap", {}, qk_fix, verify, grads)
+    scores.check_verify(verify)
+    grads = scores.clean_gradients(run)
+    values = scores.on_edges(run, scores.from_grads(run, grads))
+    return scores.finish(run, values, "eap", {}, qk_fix, verify, grads)

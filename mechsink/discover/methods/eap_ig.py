@@ -15,16 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
+from mechsink.discover import scores
 from mechsink.discover.methods import register
 from mechsink.discover.run import GraphRun
-from mechsink.discover.scores import (
-    EdgeScores,
-    check_verify,
-    clean_gradients,
-    finish,
-    from_grads,
-    on_edges,
-)
+from mechsink.discover.scores import EdgeScores
 from mechsink.errors import BadInputError
 
 
@@ -42,7 +36,7 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = 
         raise BadInputError(f"ig must be 'inputs' or 'activations', got {ig!r}.")
     if edges is not None and ig != "activations":
         raise BadInputError("edges= restricts the interpolated edges: use ig='activations'.")
-    check_verify(verify)
+    scores.check_verify(verify)
     g = run.graph
     if edges is None:
         path = g.valid.clone().double() if ig == "activations" else torch.zeros(
@@ -58,8 +52,8 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = 
         alpha = (k + 0.5) / steps
         _, grads, deltas = run.run_coeffs((alpha * path).unsqueeze(0), with_grad=True,
                                           keep_writes=ig == "activations")
-        total += from_grads(run, grads, deltas if ig == "activations" else None)
-    values = on_edges(run, total / steps)
-    grads_clean = clean_gradients(run) if qk_fix else None
-    return finish(run, values, "eap-ig", {"steps": steps, "ig": ig}, qk_fix, verify,
+        total += scores.from_grads(run, grads, deltas if ig == "activations" else None)
+    values = scores.on_edges(run, total / steps)
+    grads_clean = scores.clean_gradients(run) if qk_fix else None
+    return scores.finish(run, values, "eap-ig", {"steps": steps, "ig": ig}, qk_fix, verify,
                   grads_clean)
