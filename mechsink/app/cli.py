@@ -420,8 +420,9 @@ def discover(
     from mechsink.discover import discover as run_discovery
     from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
-    from mechsink.model.zoo import load_model
+    from mechsink.model import load_model
     from mechsink.patching import parse_metric
+    from mechsink.viz.discover import draw_discovery
 
     try:  # every check that needs no model, before loading one
         if method not in METHODS:
@@ -469,6 +470,7 @@ def discover(
                                       seed=discovery_seed)
             found.meta["model"] = model
             found.save(folder)
+            draw_discovery(folder)
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)

@@ -43,18 +43,14 @@ class Discovery:
         return summary(self.to_dict(top=20))
 
     def save(self, out: str | Path) -> Path:
-        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
-        ``circuit.png``, ``faithfulness.png`` and ``summary.md`` into ``out``."""
-        from mechsink.viz.discover import draw_circuit, draw_curves
-
+        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json`` and
+        ``summary.md`` into ``out``; :func:`mechsink.viz.discover.draw_discovery` draws the
+        figures from them."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         data = self.to_dict()
         atomic_write_json(out / "discover.json", data)
         self.circuit.save(out / "circuit.json")
-        draw_circuit(data["circuit"], out / "circuit.png")
-        if self.curves:
-            draw_curves(data["curves"], out / "faithfulness.png")
         atomic_write_text(out / "summary.md", summary(data))
         return out
 
