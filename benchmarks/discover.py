@@ -26,20 +26,16 @@ import time
 import torch
 
 from mechsink import load_model
-from mechsink.discover import GraphRun, eap, eap_ig, spearman
+from mechsink.discover import GraphRun, eap, eap_ig
 from mechsink.inputs.prompts import make_prompts
 from mechsink.io import atomic_write_json
 from mechsink.patching import KLToClean
+from mechsink.patching.attribution import correlation
 
 
 def say(text: str) -> None:
     """Progress as each phase ends (a slow machine still shows what it measured)."""
     print(text, flush=True)
-
-
-def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    return float((a * b).sum() / (a.norm() * b.norm()))
 
 
 def main() -> None:
@@ -94,10 +90,10 @@ def main() -> None:
         "setup_s": setup_s, "eap_ig_steps": args.steps, "eap_ig_s": ig_s, "eap_s": eap_s,
         "exact_sample": len(sample), "exact_sample_s": sample_s, "exact_per_edge_s": per_edge,
         "exact_all_extrapolated_s": per_edge * g.n_edges, "exact_top_s": top_s,
-        "top": args.top, "spearman_eap_ig_top": spearman(a_ig, exact_top),
-        "pearson_eap_ig_top": pearson(a_ig, exact_top),
-        "spearman_eap_top": spearman(a_eap, exact_top), "pearson_eap_top": pearson(a_eap,
-                                                                                  exact_top),
+        "top": args.top, "spearman_eap_ig_top": correlation(a_ig, exact_top, "spearman"),
+        "pearson_eap_ig_top": correlation(a_ig, exact_top, "pearson"),
+        "spearman_eap_top": correlation(a_eap, exact_top, "spearman"),
+        "pearson_eap_top": correlation(a_eap, exact_top, "pearson"),
         "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
         "clean_kl": run.clean_value, "corrupted_kl": run.corrupted_value,
     }

@@ -26,6 +26,9 @@ import argparse
 import itertools
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import torch
@@ -106,6 +109,34 @@ def least_work(cells, n_layers: int, seq_len: int, batch: int, *, read_layer: in
     return lt, ut
 
 
+@dataclass
+class Bench:
+    """What every sweep of the benchmark shares: the model, the prompt pair and its cache."""
+
+    model: Any
+    clean: torch.Tensor
+    corrupted: torch.Tensor
+    cache: Any
+    john: int
+    mary: int
+    layers: list[int]  # the resid_pre sweeps' layers
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.clean.shape[1])
+
+    def metric(self, logits: torch.Tensor) -> torch.Tensor:
+        """The plain logit callable TransformerLens takes."""
+        return logits[0, -1, self.john] - logits[0, -1, self.mary]
+
+    def rate(self) -> tuple[float, float]:
+        """Throughput now (the machine is shared: measured again before every sweep)."""
+        lt_s, ut_s = throughput(self.model, self.seq_len)
+        print(f"  throughput: {lt_s:,.0f} layer-tokens/s (blocks), {ut_s:,.0f} tokens/s "
+              f"(unembedding), load average {os.getloadavg()[0]:.1f}", flush=True)
+        return lt_s, ut_s
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -122,89 +153,98 @@ def main() -> None:
     n_layers = int(model.cfg.n_layers)
     clean = to_tokens(model, CLEAN, prepend_bos=True)
     corrupted = to_tokens(model, CORRUPTED, prepend_bos=True)
-    seq_len = clean.shape[1]
     tok = model.tokenizer
-    john, mary = tok(" John")["input_ids"][0], tok(" Mary")["input_ids"][0]
-
-    def metric(logits):
-        return logits[0, -1, john] - logits[0, -1, mary]
-
-    z_layers = [int(x) for x in args.z_layers.split(",")]
     all_layers = list(range(n_layers)) if args.layers == "all" else [
         int(x) for x in args.layers.split(",")]
-    mid = n_layers // 2
-    print(f"model {args.model}: {n_layers} layers, prompt {seq_len} tokens, torch threads "
-          f"{torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
+    print(f"model {args.model}: {n_layers} layers, prompt {clean.shape[1]} tokens, torch "
+          f"threads {torch.get_num_threads()}, load average {os.getloadavg()[0]:.1f} at start")
     _, cache = model.run_with_cache(clean)
     model(corrupted)  # warm-up
-
-    def rate() -> tuple[float, float]:
-        """Throughput now (the machine is shared: measured again before every sweep)."""
-        lt_s, ut_s = throughput(model, seq_len)
-        print(f"  throughput: {lt_s:,.0f} layer-tokens/s (blocks), {ut_s:,.0f} tokens/s "
-              f"(unembedding), load average {os.getloadavg()[0]:.1f}", flush=True)
-        return lt_s, ut_s
-
+    b = Bench(model, clean, corrupted, cache, tok(" John")["input_ids"][0],
+              tok(" Mary")["input_ids"][0], all_layers)
     which = "" if args.layers == "all" else f" (layers {args.layers})"
-    rows = []
-    cells = [(lay, p) for lay in all_layers for p in range(seq_len)]
+    rows = activation_sweeps(b, [int(x) for x in args.z_layers.split(",")], args.z_layers,
+                             which)
+    p0, row = p0_path_patches(b, args.p0_blocks, args.p0_n, args.p0_seq_len)
+    print_table([*rows, row])
+    if args.ideas:
+        speed_ideas(b, p0)
+
+
+def activation_sweeps(b: Bench, z_layers: list[int], z_text: str, which: str) -> list[tuple]:
+    """The activation-patching sweeps against TransformerLens: one row each."""
+    model, seq_len = b.model, b.seq_len
+    n_layers = int(model.cfg.n_layers)
+    mid = n_layers // 2
+    diff_metric = LogitDiff(b.john, b.mary)
+    cells = [(lay, p) for lay in b.layers for p in range(seq_len)]
     z_cells = [(lay, p) for lay in z_layers for p in range(seq_len)
                for _ in range(int(model.cfg.n_heads))]
     sweeps = [
-        (f"resid_pre x pos{which}, LogitDiff", "resid_pre", all_layers, LogitDiff(john, mary),
+        (f"resid_pre x pos{which}, LogitDiff", "resid_pre", b.layers, diff_metric,
          tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
                                                  logit_positions=1)),
-        (f"resid_pre x pos{which}, logit callable", "resid_pre", all_layers, metric,
+        (f"resid_pre x pos{which}, logit callable", "resid_pre", b.layers, b.metric,
          tlp.get_act_patch_resid_pre, least_work(cells, n_layers, seq_len, 1, read_layer=None,
                                                  logit_positions=-1)),
-        (f"z x pos x head (layers {args.z_layers}), LogitDiff", "z", z_layers,
-         LogitDiff(john, mary), tlp.get_act_patch_attn_head_out_by_pos,
+        (f"z x pos x head (layers {z_text}), LogitDiff", "z", z_layers, diff_metric,
+         tlp.get_act_patch_attn_head_out_by_pos,
          least_work(z_cells, n_layers, seq_len, 1, read_layer=None, logit_positions=1)),
-        (f"resid_pre x pos{which}, SinkScore({mid})", "resid_pre", all_layers, SinkScore(mid), None,
-         least_work(cells, n_layers, seq_len, 1, read_layer=mid, logit_positions=0)),
+        (f"resid_pre x pos{which}, SinkScore({mid})", "resid_pre", b.layers, SinkScore(mid),
+         None, least_work(cells, n_layers, seq_len, 1, read_layer=mid, logit_positions=0)),
     ]
+    rows = []
     for label, site, layers, m, fn, (lt, ut) in sweeps:
         # the machine's throughput and mechsink's time, each the best of several tries,
         # measured back to back (a VM's speed drifts by 20% over minutes)
-        lt_s, ut_s = rate()
+        lt_s, ut_s = b.rate()
         res, t_ms = best_of(lambda site=site, layers=layers, m=m: activation_patch(
-            model, clean, corrupted, parse_site(site, layers=layers), m))
-        lt_2, ut_2 = rate()
+            model, b.clean, b.corrupted, parse_site(site, layers=layers), m))
+        lt_2, ut_2 = b.rate()
         lt_s, ut_s = max(lt_s, lt_2), max(ut_s, ut_2)
         if fn is not None:
             ref, t_tl = timed(lambda fn=fn, layers=layers: tl_cells(
-                model, fn, corrupted, cache, metric, layers))
-        else:  # TransformerLens has no sink metric: its loop with the same hook, one forward each
-            def loop():
-                out = torch.zeros(len(all_layers), seq_len)
-                name = act_name("pattern", mid)
-                for layer, pos in cells:
-                    src = cache[act_name("resid_pre", layer)]
-
-                    def hook(act, hook, pos=pos, src=src):
-                        act[:, pos] = src[:, pos]
-                        return act
-
-                    with model.hooks(fwd_hooks=[(act_name("resid_pre", layer), hook)]):
-                        _, c = model.run_with_cache(corrupted, names_filter=name)
-                    out[all_layers.index(layer), pos] = c[name][:, :, :, 0].mean()
-                return out
-
-            ref, t_tl = timed(loop)
+                model, fn, b.corrupted, b.cache, b.metric, layers))
+        else:  # TransformerLens has no sink metric: its loop with the same hook
+            ref, t_tl = timed(lambda: sink_loop(b, cells, mid))
         diff = (res.values - ref.double()).abs().max().item()
         best = lt / lt_s + ut / ut_s
         rows.append((label, res.values.numel(), t_tl, t_ms, best, diff))
         print(f"  {label}: TL {t_tl:.1f}s mechsink {t_ms:.2f}s least work {best:.2f}s "
               f"efficiency {best / t_ms:.2f} max|diff| {diff:.1e}", flush=True)
+    return rows
 
-    # --- the P0-sink path patches ---
+
+def sink_loop(b: Bench, cells: list[tuple[int, int]], layer: int) -> torch.Tensor:
+    """TransformerLens's way for a sink metric: one hooked forward per (layer, pos) patch."""
+    model = b.model
+    out = torch.zeros(len(b.layers), b.seq_len)
+    name = act_name("pattern", layer)
+    for lay, pos in cells:
+        src = b.cache[act_name("resid_pre", lay)]
+
+        def hook(act, hook, pos=pos, src=src):
+            act[:, pos] = src[:, pos]
+            return act
+
+        with model.hooks(fwd_hooks=[(act_name("resid_pre", lay), hook)]):
+            _, c = model.run_with_cache(b.corrupted, names_filter=name)
+        out[b.layers.index(lay), pos] = c[name][:, :, :, 0].mean()
+    return out
+
+
+def p0_path_patches(b: Bench, p0_blocks: int, p0_n: int, p0_seq_len: int
+                    ) -> tuple[Callable[[], Any], tuple]:
+    """The P0-sink path patches (no TransformerLens counterpart): the call, and its row."""
     from mechsink.inputs.prompts import make_prompts
     from mechsink.interventions.readout import dominant_super_neuron
 
-    tokens = make_prompts(model, "natural", "bos", n=args.p0_n, seq_len=args.p0_seq_len).tokens
+    model = b.model
+    n_layers = int(model.cfg.n_layers)
+    tokens = make_prompts(model, "natural", "bos", n=p0_n, seq_len=p0_seq_len).tokens
     sn = dominant_super_neuron(model, tokens)
     sn_layer, channel = sn.layer, sn.channel
-    blocks = min(max(sn_layer + 1, args.p0_blocks), n_layers)
+    blocks = min(max(sn_layer + 1, p0_blocks), n_layers)
     comps = [f"L{lay}H{h}@0" for lay in range(blocks) for h in range(int(model.cfg.n_heads))]
     comps += [f"MLP{lay}@0" for lay in range(blocks)] + [f"L{sn_layer}N{sn.neuron}@0"]
     targets = sorted({min(sn_layer + k, n_layers - 1) for k in (2, 4, 6)})
@@ -216,59 +256,64 @@ def main() -> None:
     def p0():
         a = path_patch(model, tokens, None, comps, [f"MLP{sn_layer}"], [channel_metric, sink],
                        ablation="position_mean", batch_size=None)
-        b = path_patch(model, tokens, None, comps, ["metric"], sink, ablation="position_mean",
+        c = path_patch(model, tokens, None, comps, ["metric"], sink, ablation="position_mean",
                        batch_size=None)
-        return a, b
+        return a, c
 
-    lt_s, _ = rate()
+    lt_s, _ = b.rate()
     _, t_p0 = best_of(p0, 2)
-    lt_s = max(lt_s, rate()[0])
+    lt_s = max(lt_s, b.rate()[0])
     b0, t = tokens.shape
     lt = 0
     for c in comps:
-        comp = parse_component(c)
-        f = 0 if comp.kind == "embed" else comp.layer
+        f = parse_component(c).block
         to_mlp = (sn_layer - f + 1) + (targets[-1] - sn_layer + 1) if f <= sn_layer else 0
         lt += (to_mlp + targets[-1] - f + 1) * t * b0
     best = lt / lt_s
-    rows.append((f"P0-sink path patches ({len(comps)} senders, {b0}x{t} tokens)",
-                 len(comps) * 3, float("nan"), t_p0, best, float("nan")))
     print(f"  P0-sink: mechsink {t_p0:.2f}s least work {best:.2f}s efficiency {best / t_p0:.2f}")
+    return p0, (f"P0-sink path patches ({len(comps)} senders, {b0}x{t} tokens)",
+                len(comps) * 3, float("nan"), t_p0, best, float("nan"))
 
+
+def print_table(rows: list[tuple]) -> None:
     print("\n| sweep | patches | TransformerLens (s) | mechsink (s) | ratio | least work (s) | "
           "efficiency | max abs diff |")
     print("|---|---|---|---|---|---|---|---|")
-    for label, n, a, b, best, d in rows:
+    for label, n, a, t, best, d in rows:
         tl = "n/a" if a != a else f"{a:.1f}"
-        ratio = "n/a" if a != a else f"{a / b:.1f}x"
+        ratio = "n/a" if a != a else f"{a / t:.1f}x"
         dd = "n/a" if d != d else f"{d:.1e}"
-        print(f"| {label} | {n} | {tl} | {b:.2f} | {ratio} | {best:.2f} | {best / b:.2f} | {dd} |")
+        print(f"| {label} | {n} | {tl} | {t:.2f} | {ratio} | {best:.2f} | {best / t:.2f} | {dd} |")
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
-    if args.ideas:
-        print("\nspeed ideas (resid_pre x pos, LogitDiff), each switched off alone:")
+
+def speed_ideas(b: Bench, p0: Callable[[], Any]) -> None:
+    """Each speed idea switched off alone, then all of them (results must not change)."""
+    def sweep() -> Any:
+        return activation_patch(b.model, b.clean, b.corrupted, parse_site(
+            "resid_pre", layers=b.layers), LogitDiff(b.john, b.mary))
+
+    print("\nspeed ideas (resid_pre x pos, LogitDiff), each switched off alone:")
+    for idea in engine.SPEEDUPS:
+        engine.SPEEDUPS[idea] = False
+        _, t = timed(sweep)
+        engine.SPEEDUPS[idea] = True
+        print(f"  without {idea}: {t:.2f}s")
+    # every idea off: what one forward per patch group from the first block costs here
+    for idea in engine.SPEEDUPS:
+        engine.SPEEDUPS[idea] = False
+    try:
+        _, t_off = timed(sweep)
+        (a_off, b_off), t_p0_off = timed(p0)
+    finally:
         for idea in engine.SPEEDUPS:
-            engine.SPEEDUPS[idea] = False
-            _, t = timed(lambda: activation_patch(model, clean, corrupted, parse_site(
-                "resid_pre", layers=all_layers), LogitDiff(john, mary)))
             engine.SPEEDUPS[idea] = True
-            print(f"  without {idea}: {t:.2f}s")
-        # every idea off: what one forward per patch group from the first block costs here
-        for idea in engine.SPEEDUPS:
-            engine.SPEEDUPS[idea] = False
-        try:
-            _, t_off = timed(lambda: activation_patch(model, clean, corrupted, parse_site(
-                "resid_pre", layers=all_layers), LogitDiff(john, mary)))
-            (a_off, b_off), t_p0_off = timed(p0)
-        finally:
-            for idea in engine.SPEEDUPS:
-                engine.SPEEDUPS[idea] = True
-        (a_on, b_on), t_p0_on = timed(p0)
-        pairs = [*zip(a_on, a_off, strict=True), (b_on, b_off)]  # a: one result per metric
-        same = max((x.values - y.values).abs().max().item() for x, y in pairs)
-        print(f"  every idea off: resid_pre x pos {t_off:.2f}s; P0-sink path patches "
-              f"{t_p0_off:.2f}s against {t_p0_on:.2f}s with them ({t_p0_off / t_p0_on:.1f}x, "
-              f"max|diff| {same:.1e})")
+    (a_on, b_on), t_p0_on = timed(p0)
+    pairs = [*zip(a_on, a_off, strict=True), (b_on, b_off)]  # a: one result per metric
+    same = max((x.values - y.values).abs().max().item() for x, y in pairs)
+    print(f"  every idea off: resid_pre x pos {t_off:.2f}s; P0-sink path patches "
+          f"{t_p0_off:.2f}s against {t_p0_on:.2f}s with them ({t_p0_off / t_p0_on:.1f}x, "
+          f"max|diff| {same:.1e})")
 
 
 if __name__ == "__main__":

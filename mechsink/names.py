@@ -1,5 +1,11 @@
 """One vocabulary for naming a place in the model: every accepted form parses to one :class:`Name`.
 
+:data:`KINDS` is the one table of kinds of place: for each, its hook (relative to the block),
+the axis its units lie on (heads, KV heads, neurons, channels or none) and where its activation
+holds positions. Patching sites, path-patching senders and receivers, the discovery graph's
+nodes and :func:`mechsink.interventions.ablate` are all built on it, and
+:func:`unit_count` counts a kind's units on a model.
+
 Everywhere mechsink takes a site, a sender, a receiver or an intervention target
 (:func:`mechsink.patching.parse_site`, :func:`mechsink.patching.path_patch`,
 :func:`mechsink.interventions.ablate`) it reads the name with :func:`parse_name`, which accepts:
@@ -11,16 +17,17 @@ Everywhere mechsink takes a site, a sender, a receiver or an intervention target
   layer glued on (``"k6"``, ``"pre5"``, ``"scale4ln1"``) or a tuple ``("k", 6)`` /
   ``("k", 6, "attn")``;
 - **the short form** for one component: ``L3H5`` (head 5's output, ``hook_z``), ``L3H5.q`` /
-  ``.k`` / ``.v`` / ``.pattern`` (that head at another hook), ``L3N1229`` (neuron 1229 of
-  ``mlp.hook_post``), ``MLP3`` (``hook_mlp_out``), ``ATTN3`` (``hook_attn_out``), ``resid3``
-  (``hook_resid_pre``, the residual entering block 3; also ``resid_mid3``, ``resid_post3``),
-  ``embed`` and ``pos_embed``.
+  ``.k`` / ``.v`` / ``.pattern`` (that head at another hook: for ``.k`` / ``.v`` the key or
+  value head 5 reads, on grouped-query models the KV head of its group), ``L3KV1.k`` / ``.v``
+  (KV head 1 itself), ``L3N1229`` (neuron 1229 of ``mlp.hook_post``), ``MLP3``
+  (``hook_mlp_out``), ``ATTN3`` (``hook_attn_out``), ``resid3`` (``hook_resid_pre``, the
+  residual entering block 3; also ``resid_mid3``, ``resid_post3``), ``embed`` and ``pos_embed``.
 
 Any form may end in ``@POS`` (one sequence position, negative counts from the end) and a
 d_model-wide one in ``:CHANNEL`` (``resid3@0:123``). The canonical form is a :class:`Name`:
-``kind`` (TransformerLens's short name), ``layer``, ``unit`` (a head, a neuron or a channel,
-whichever the kind has) and ``position``; ``Name.hook`` is the TransformerLens hook name and
-``str(name)`` the short form.
+``kind`` (TransformerLens's short name), ``layer``, ``unit`` (a head, KV head, neuron or
+channel, whichever the kind has) and ``position``; ``Name.hook`` is the TransformerLens hook
+name and ``str(name)`` the short form.
 """
 
 from __future__ import annotations
@@ -70,53 +77,76 @@ def _is_text(x: Any) -> bool:
 
 
 def explicit_bos(prepend_bos: bool | None, *inputs: Any, where: str) -> bool:
-    """``prepend_bos`` as given; when it is not given and some input is text, True with a
-    deprecation warning (the default goes next release: BOS is always a stated choice).
+    """``prepend_bos`` as given; text input without it is refused (whether position 0 is BOS
+    changes every sink measurement, so it is always a stated choice).
 
     Token tensors need no answer: they are used as they are.
     """
     if prepend_bos is not None:
         return bool(prepend_bos)
     if any(_is_text(x) for x in inputs):
-        warnings.warn(f"{DEPRECATED}{where}: text input without prepend_bos= (it meant "
-                      "prepend_bos=True): say prepend_bos=True or False.",
-                      MechsinkDeprecationWarning, stacklevel=3)
+        raise BadInputError(f"{where}: text input needs prepend_bos=True or prepend_bos=False "
+                            "(whether the tokenizer's BOS token goes at position 0).")
     return True
 
 
-# kind (TransformerLens short name) -> hook name relative to its block ("" prefix: global hook)
-BLOCK_HOOKS: dict[str, str] = {
-    "resid_pre": "hook_resid_pre",
-    "resid_mid": "hook_resid_mid",
-    "resid_post": "hook_resid_post",
-    "attn_out": "hook_attn_out",
-    "mlp_out": "hook_mlp_out",
-    "q": "attn.hook_q",
-    "k": "attn.hook_k",
-    "v": "attn.hook_v",
-    "z": "attn.hook_z",
-    "rot_q": "attn.hook_rot_q",
-    "rot_k": "attn.hook_rot_k",
-    "result": "attn.hook_result",
-    "pattern": "attn.hook_pattern",
-    "attn_scores": "attn.hook_attn_scores",
-    "pre": "mlp.hook_pre",
-    "pre_linear": "mlp.hook_pre_linear",
-    "post": "mlp.hook_post",
-}
-GLOBAL_HOOKS: dict[str, str] = {"embed": "hook_embed", "pos_embed": "hook_pos_embed",
-                                "ln_final.hook_scale": "ln_final.hook_scale",
-                                "ln_final.hook_normalized": "ln_final.hook_normalized"}
-_RELATIVE = {v: k for k, v in BLOCK_HOOKS.items()}
-_GLOBAL = {v: k for k, v in GLOBAL_HOOKS.items()}
+@dataclass(frozen=True)
+class Kind:
+    """One kind of place: TransformerLens's short ``name``, its ``hook`` (relative to the block,
+    or the full name of a hook outside the blocks), the ``unit`` axis (``"head"``,
+    ``"kv_head"``, ``"neuron"``, ``"channel"`` or None), the ``part`` of the block it sits in
+    (``"attn"``, ``"mlp"``, ``"resid"`` or None outside the blocks) and ``pos_dim``, the axis
+    of its activation (batch first) that holds (query) positions."""
 
-HEAD_KINDS = ("q", "k", "v", "z", "rot_q", "rot_k", "result", "pattern", "attn_scores")
-NEURON_KINDS = ("pre", "pre_linear", "post")
-CHANNEL_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "embed",
-                 "pos_embed")
+    name: str
+    hook: str
+    unit: str | None
+    part: str | None
+    pos_dim: int = 1
+
+    @property
+    def in_block(self) -> bool:
+        return self.part is not None
+
+
+#: the one table of kinds; every vocabulary of places in mechsink is built on it
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind("resid_pre", "hook_resid_pre", "channel", "resid"),
+    Kind("resid_mid", "hook_resid_mid", "channel", "resid"),
+    Kind("resid_post", "hook_resid_post", "channel", "resid"),
+    Kind("attn_out", "hook_attn_out", "channel", "attn"),
+    Kind("mlp_out", "hook_mlp_out", "channel", "mlp"),
+    Kind("q", "attn.hook_q", "head", "attn"),
+    Kind("k", "attn.hook_k", "kv_head", "attn"),
+    Kind("v", "attn.hook_v", "kv_head", "attn"),
+    Kind("z", "attn.hook_z", "head", "attn"),
+    Kind("rot_q", "attn.hook_rot_q", "head", "attn"),
+    Kind("rot_k", "attn.hook_rot_k", "kv_head", "attn"),
+    Kind("result", "attn.hook_result", "head", "attn"),
+    Kind("pattern", "attn.hook_pattern", "head", "attn", pos_dim=2),
+    Kind("attn_scores", "attn.hook_attn_scores", "head", "attn", pos_dim=2),
+    # each head's own copy of the residual stream it reads (use_split_qkv_input) and the
+    # MLP's input (use_hook_mlp_in): where edge discovery's receivers read
+    Kind("q_input", "hook_q_input", "head", "attn"),
+    Kind("k_input", "hook_k_input", "kv_head", "attn"),
+    Kind("v_input", "hook_v_input", "kv_head", "attn"),
+    Kind("mlp_in", "hook_mlp_in", "channel", "mlp"),
+    Kind("pre", "mlp.hook_pre", "neuron", "mlp"),
+    Kind("pre_linear", "mlp.hook_pre_linear", "neuron", "mlp"),
+    Kind("post", "mlp.hook_post", "neuron", "mlp"),
+    Kind("embed", "hook_embed", "channel", None),
+    Kind("pos_embed", "hook_pos_embed", "channel", None),
+    Kind("ln_final.hook_scale", "ln_final.hook_scale", None, None),
+    Kind("ln_final.hook_normalized", "ln_final.hook_normalized", "channel", None),
+)}
+_RELATIVE = {k.hook: k.name for k in KINDS.values() if k.in_block}
+_GLOBAL = {k.hook: k.name for k in KINDS.values() if not k.in_block}
+#: what one unit of each axis is called in messages
+UNIT_WORDS = {"head": "head", "kv_head": "KV head", "neuron": "neuron", "channel": "channel"}
 
 _SHORT = re.compile(
     r"^(?:L(?P<hl>\d+)H(?P<h>\d+)(?:\.(?P<hk>q|k|v|z|pattern|attn_scores|result))?"
+    r"|L(?P<kl>\d+)KV(?P<kv>\d+)\.(?P<kk>k|v)"
     r"|L(?P<nl>\d+)N(?P<n>\d+)"
     r"|MLP(?P<ml>\d+)|ATTN(?P<al>\d+)"
     r"|(?P<rk>resid|resid_pre|resid_mid|resid_post)(?P<rl>\d+)"
@@ -126,35 +156,72 @@ _TAIL = re.compile(r"^(?P<base>.*?)(?:@(?P<pos>-?\d+))?(?::(?P<ch>\d+))?$")
 _FULL = re.compile(r"^blocks\.(?P<layer>\d+)\.(?P<rel>.+)$")
 
 
+def unit_axis(kind: str) -> str | None:
+    """The axis a kind's units lie on (``"head"``, ``"kv_head"``, ``"neuron"``,
+    ``"channel"``), None for a kind without units or outside :data:`KINDS`."""
+    k = KINDS.get(kind)
+    return None if k is None else k.unit
+
+
+def axis_size(model: Any, axis: str) -> int:
+    """How many units an axis has on ``model`` (KV heads: fewer than heads on GQA models)."""
+    cfg = model.cfg
+    if axis == "head":
+        return int(cfg.n_heads)
+    if axis == "kv_head":
+        return n_kv_heads(model)
+    if axis == "neuron":
+        return int(cfg.d_mlp or 0)
+    if axis == "channel":
+        return int(cfg.d_model)
+    raise BadInputError(f"unknown unit axis {axis!r}: one of {', '.join(UNIT_WORDS)}.")
+
+
+def unit_count(model: Any, kind: str) -> int:
+    """How many units ``kind`` has on ``model`` (heads, KV heads, neurons or channels; a kind
+    outside :data:`KINDS` counts d_model channels)."""
+    return axis_size(model, unit_axis(kind) or "channel")
+
+
+def kv_head_of(model: Any, head: int) -> int:
+    """The KV head query head ``head`` reads its keys and values from."""
+    return int(head) // (int(model.cfg.n_heads) // n_kv_heads(model))
+
+
 @dataclass(frozen=True)
 class Name:
     """A place in the model: a hook ``kind`` at a ``layer``, optionally one ``unit`` of it (a
-    head, neuron or channel, see :attr:`unit_word`) at one sequence ``position``.
+    head, KV head, neuron or channel, see :attr:`unit_word`) at one sequence ``position``.
 
     ``kind`` is TransformerLens's short name (``"z"``, ``"mlp_out"``, ``"post"``, ...) or, for a
-    hook outside :data:`BLOCK_HOOKS`, its name relative to the block (``"ln1.hook_scale"``).
+    hook outside :data:`KINDS`, its name relative to the block (``"ln1.hook_scale"``).
     ``layer`` None: a kind not tied to a layer yet (``"z"``), or a global hook (``embed``).
+    ``via_head``: the unit of a key/value kind is the query head it was named by
+    (``L3H5.k``: the KV head head 5 reads); :meth:`unit_on` gives the KV head itself.
     """
 
     kind: str
     layer: int | None = None
     unit: int | None = None
     position: int | None = None
+    via_head: bool = False
 
     @property
     def relative(self) -> str:
         """The hook name relative to the block (``"attn.hook_z"``), or the global hook name."""
-        return GLOBAL_HOOKS.get(self.kind) or BLOCK_HOOKS.get(self.kind, self.kind)
+        k = KINDS.get(self.kind)
+        return self.kind if k is None else k.hook
 
     @property
     def is_global(self) -> bool:
-        return self.kind in GLOBAL_HOOKS
+        k = KINDS.get(self.kind)
+        return k is not None and not k.in_block
 
     @property
     def hook(self) -> str:
         """The full TransformerLens hook name (``"blocks.3.attn.hook_z"``)."""
         if self.is_global:
-            return GLOBAL_HOOKS[self.kind]
+            return self.relative
         if self.layer is None:
             raise BadInputError(f"{self.relative!r} lives in every block: give its layer "
                                 f"(e.g. blocks.0.{self.relative} or layer=0).")
@@ -165,15 +232,23 @@ class Name:
         return self.hook if self.is_global else act_name(self.relative, layer)
 
     @property
+    def unit_axis(self) -> str | None:
+        """The axis :attr:`unit` counts on: the kind's (:data:`KINDS`), or ``"head"`` for a
+        key/value kind named by a query head (``via_head``)."""
+        return "head" if self.via_head else unit_axis(self.kind)
+
+    @property
     def unit_word(self) -> str | None:
-        """What a unit of this kind is: ``"head"``, ``"neuron"``, ``"channel"`` or None."""
-        if self.kind in HEAD_KINDS:
-            return "head"
-        if self.kind in NEURON_KINDS:
-            return "neuron"
-        if self.kind in CHANNEL_KINDS:
-            return "channel"
-        return None
+        """What a unit of this name is: ``"head"``, ``"KV head"``, ``"neuron"``,
+        ``"channel"`` or None."""
+        axis = self.unit_axis
+        return None if axis is None else UNIT_WORDS[axis]
+
+    def unit_on(self, model: Any) -> int | None:
+        """The unit on the kind's own axis: for ``L3H5.k`` the KV head query head 5 reads."""
+        if self.unit is None or not self.via_head:
+            return self.unit
+        return kv_head_of(model, self.unit)
 
     def with_(self, **changes: Any) -> Name:
         """A copy with fields changed (``layer``, ``unit``, ``position``)."""
@@ -183,13 +258,16 @@ class Name:
         """The short form where one exists (``L3H5@0``), else the hook name (+ ``@pos``)."""
         k, lay, u = self.kind, self.layer, self.unit
         tail = "" if self.position is None else f"@{self.position}"
-        if lay is not None and u is not None and k in HEAD_KINDS and k in (
-                "z", "q", "k", "v", "pattern", "attn_scores", "result"):
-            return f"L{lay}H{u}" + ("" if k == "z" else f".{k}") + tail
-        if lay is not None and u is not None and k == "post":
-            return f"L{lay}N{u}{tail}"
-        ch = "" if u is None or self.unit_word != "channel" else f":{u}"
-        if k in GLOBAL_HOOKS and (u is None or ch):
+        if lay is not None and u is not None:
+            if k in ("z", "q", "pattern", "attn_scores", "result") or (
+                    k in ("k", "v") and self.via_head):
+                return f"L{lay}H{u}" + ("" if k == "z" else f".{k}") + tail
+            if k in ("k", "v"):
+                return f"L{lay}KV{u}.{k}{tail}"
+            if k == "post":
+                return f"L{lay}N{u}{tail}"
+        ch = "" if u is None or self.unit_axis != "channel" else f":{u}"
+        if self.is_global and (u is None or ch):
             return f"{k}{tail}{ch}"
         if lay is not None and (u is None or ch):
             short = {"mlp_out": "MLP", "attn_out": "ATTN", "resid_pre": "resid",
@@ -215,7 +293,7 @@ class Name:
             raise BadInputError(f"{self}: this model has no hook {self.hook_at(probe_layer)!r} "
                                 "(see model.hook_dict for the names it has).")
         if self.unit is not None:
-            size = unit_count(model, self.kind)
+            size = axis_size(model, self.unit_axis or "channel")
             if not 0 <= self.unit < size:
                 raise BadInputError(f"{self}: {self.unit_word} {self.unit} is out of range "
                                     f"(this hook has {size}, numbered 0..{size - 1}).")
@@ -226,18 +304,6 @@ class Name:
                                     f"({seq_len} tokens).")
             return replace(self, position=pos + seq_len if pos < 0 else pos)
         return self
-
-
-def unit_count(model: Any, kind: str) -> int:
-    """How many units (heads, KV heads for k/v on GQA models, neurons, channels) ``kind`` has."""
-    cfg = model.cfg
-    if kind in ("k", "v", "rot_k"):
-        return n_kv_heads(model)
-    if kind in HEAD_KINDS:
-        return int(cfg.n_heads)
-    if kind in NEURON_KINDS:
-        return int(cfg.d_mlp or 0)
-    return int(cfg.d_model)
 
 
 def _from_hook(full: str) -> tuple[str, int | None] | None:
@@ -253,22 +319,31 @@ def _from_hook(full: str) -> tuple[str, int | None] | None:
     return None
 
 
-def _short(base: str) -> tuple[str, int | None, int | None] | None:
-    """(kind, layer, unit) of the short form, None if ``base`` is not one."""
+def kind_of_hook(hook: str) -> Kind | None:
+    """The :data:`KINDS` entry of a full hook name (None for a hook outside the table)."""
+    got = _from_hook(hook)
+    return None if got is None else KINDS.get(got[0])
+
+
+def _short(base: str) -> tuple[str, int | None, int | None, bool] | None:
+    """(kind, layer, unit, via_head) of the short form, None if ``base`` is not one."""
     m = _SHORT.match(base)
     if m is None:
         return None
     if m["hl"] is not None:
-        return m["hk"] or "z", int(m["hl"]), int(m["h"])
+        kind = m["hk"] or "z"
+        return kind, int(m["hl"]), int(m["h"]), unit_axis(kind) == "kv_head"
+    if m["kl"] is not None:
+        return m["kk"], int(m["kl"]), int(m["kv"]), False
     if m["nl"] is not None:
-        return "post", int(m["nl"]), int(m["n"])
+        return "post", int(m["nl"]), int(m["n"]), False
     if m["ml"] is not None:
-        return "mlp_out", int(m["ml"]), None
+        return "mlp_out", int(m["ml"]), None, False
     if m["al"] is not None:
-        return "attn_out", int(m["al"]), None
+        return "attn_out", int(m["al"]), None, False
     if m["rk"] is not None:
-        return ("resid_pre" if m["rk"] == "resid" else m["rk"]), int(m["rl"]), None
-    return m["g"], None, None
+        return ("resid_pre" if m["rk"] == "resid" else m["rk"]), int(m["rl"]), None, False
+    return m["g"], None, None, False
 
 
 def parse_name(spec: Any, layer: int | None = None) -> Name:
@@ -310,9 +385,10 @@ def _parse_str(text: str) -> Name:
     base, pos, ch = m["base"], m["pos"], m["ch"]
     position = None if pos is None else int(pos)
     channel = None if ch is None else int(ch)
+    via_head = False
     got = _short(base)
     if got is not None:
-        kind, lay, unit = got
+        kind, lay, unit, via_head = got
     else:
         hook = _from_hook(base)
         if hook is None and re.fullmatch(r"[a-z_]+(\d+[a-z0-9_]*)?", base):
@@ -321,15 +397,15 @@ def _parse_str(text: str) -> Name:
             raise BadInputError(
                 f"unknown name {text!r}: write a TransformerLens hook name "
                 "(blocks.3.attn.hook_z, hook_mlp_out), a get_act_name form (z, mlp_out, k6) or "
-                "a short form (L3H5, L3H5.k, L3N1229, MLP3, ATTN3, resid3, embed), optionally "
-                "followed by @POS.")
+                "a short form (L3H5, L3H5.k, L3KV1.k, L3N1229, MLP3, ATTN3, resid3, embed), "
+                "optionally followed by @POS.")
         (kind, lay), unit = hook, None
     if channel is not None:
-        if kind not in CHANNEL_KINDS or unit is not None:
+        if unit_axis(kind) != "channel" or unit is not None:
             raise BadInputError(f"{text!r}: ':CHANNEL' only follows a d_model-wide name "
                                 "(resid3@0:123, MLP3:7).")
         unit = channel
-    return Name(kind, lay, unit, position)
+    return Name(kind, lay, unit, position, via_head)
 
 
 def act_name_tl(name: str, layer: Any = None, layer_type: Any = None) -> str:
@@ -337,6 +413,6 @@ def act_name_tl(name: str, layer: Any = None, layer_type: Any = None) -> str:
     return _get_act_name()(name, layer, layer_type)
 
 
-__all__ = ["BLOCK_HOOKS", "CHANNEL_KINDS", "GLOBAL_HOOKS", "HEAD_KINDS", "NEURON_KINDS",
-           "MechsinkDeprecationWarning", "Name", "deprecated", "explicit_bos", "parse_name",
-           "unit_count"]
+__all__ = ["KINDS", "UNIT_WORDS", "Kind", "MechsinkDeprecationWarning", "Name", "axis_size",
+           "deprecated", "explicit_bos", "kind_of_hook", "kv_head_of", "parse_name",
+           "unit_axis", "unit_count"]

@@ -44,9 +44,11 @@ def test_resample_takes_whole_sequences_from_the_reference():
 
 
 def test_names_and_bad_input():
-    assert as_ablation("mean") == Ablation("batch_mean")
-    assert as_ablation("mean", mean="position_mean") == Ablation("position_mean")
+    assert as_ablation("batch_mean") == Ablation("batch_mean")
     assert as_ablation(None) is None
+    # "mean" meant batch_mean in patching and position_mean in ablate: say which one
+    with pytest.raises(BadInputError, match="batch_mean.*position_mean"):
+        as_ablation("mean")
     with pytest.raises(BadInputError, match="unknown ablation 'median'"):
         as_ablation("median")
     with pytest.raises(BadInputError, match="do not match"):

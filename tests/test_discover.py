@@ -208,3 +208,84 @@ def test_node_circuit_edges_and_errors(llama_tiny):
         eap_ig(run, steps=0)
     with pytest.raises(BadInputError, match="no edge"):
         g.edge_index("L9H9->metric")
+
+
+def test_exact_edge_patches_reuse_the_clean_prefix(llama_tiny):
+    """GraphRun records the clean run with its keys and values (engine.setup): edges
+    corrupted from position 3 on are patched computing positions 3.. only, and give what
+    recomputing every position gives, and what path_patch gives."""
+    from mechsink.patching import engine
+
+    run = GraphRun(llama_tiny, CLEAN, SinkScore(1), ablation="position_mean", positions=[3, 5])
+    assert run.clean.kv is not None and run.first_position == 3
+    edges = sample(run.graph)
+    reused = exact_scores(run, edges=edges).values
+    engine.SPEEDUPS["prefix_reuse"] = False
+    try:
+        full = exact_scores(run, edges=edges).values
+    finally:
+        engine.SPEEDUPS["prefix_reuse"] = True
+    torch.testing.assert_close(reused[edges], full[edges], atol=1e-6, rtol=1e-6)
+    for e in edges[:4]:
+        s, r = run.graph.path_spec(e)
+        pp = path_patch(llama_tiny, CLEAN, None, [[s + "@3", s + "@5"]], [r], SinkScore(1),
+                        ablation="position_mean", batch_size=1)
+        assert float(reused[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value,
+                                                 abs=1e-5)
+
+
+def test_the_empty_circuit_value_has_a_home_on_the_run(llama_tiny):
+    """m(every edge corrupted) is GraphRun.empty_value, computed once (before: a private
+    attribute that faithfulness set and curves read back with a default)."""
+    from mechsink.discover import curve, faithfulness
+
+    run = GraphRun(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR)
+    with torch.no_grad():
+        _, cache = llama_tiny.run_with_cache(CORR)
+    corrupted = SinkScore(1)(_outputs(cache, act_name("pattern", 1)))
+    assert run.empty_value == pytest.approx(float(corrupted), abs=1e-6)
+    assert run.empty_value == run.corrupted_value
+    c = curve(GraphRun(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR), [0, 1], n_random=0,
+              sizes=[0, 2])
+    assert c.empty_value == pytest.approx(run.empty_value)
+    none = faithfulness(run, torch.zeros(1, run.graph.n_edges, dtype=torch.bool))
+    assert float(none[0]) == pytest.approx(0.0, abs=1e-6)
+
+
+def _outputs(cache, hook):
+    from mechsink.patching import Outputs
+
+    return Outputs(CLEAN.shape[1], {hook: cache[hook]})
+
+
+def test_methods_are_found_in_the_registry(llama_tiny):
+    """Every method is a registered file; a new one is one register() call, and discover()
+    and score_edges run it by name with the options it declares."""
+    from mechsink.discover import METHODS, discover, register, score_edges
+    from mechsink.discover.methods import _REGISTRY, options_for
+    from mechsink.discover.scores import result
+
+    assert list(METHODS) == ["eap", "eap-ig", "exact"]
+    assert METHODS["eap-ig"].options == ("steps", "ig", "qk_fix", "verify", "edges")
+    assert options_for("exact", {"qk_fix": True, "batch_size": 2}) == {"batch_size": 2}
+    calls = []
+
+    @register("by-sender")
+    def by_sender(run, *, verify: int = 0):
+        """Every edge scored by its sender's number (a test method)."""
+        calls.append(verify)
+        return result(run, run.graph.src.double(), "by-sender", {})
+
+    try:
+        run = GraphRun(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR)
+        assert score_edges(run, "by-sender").method == "by-sender"
+        with pytest.raises(BadInputError, match="takes verify, not steps"):
+            score_edges(run, "by-sender", steps=3)
+        found = discover(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR, method="by-sender",
+                         verify=7, n_random=0, n_edges=3)
+        assert found.scores.method == "by-sender" and calls == [0, 7]
+        assert found.circuit.edges == found.scores.order()[:3].tolist()
+    finally:
+        _REGISTRY.pop("by-sender")
+    with pytest.raises(BadInputError, match="unknown method 'acdc': choose one of eap"):
+        discover(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR, method="acdc")

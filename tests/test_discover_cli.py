@@ -123,3 +123,24 @@ def _assert_exact_edges_match_path_patch(model, run, clean, names, *, abs_tol: f
                         ablation="position_mean", batch_size=1, prepend_bos=False)
         assert float(ours[e]) == pytest.approx(float(pp.values[0]) - pp.clean_value,
                                                abs=abs_tol)
+
+
+def test_discover_has_its_own_seed(monkeypatch, tmp_path: Path) -> None:
+    """--seed seeds a random:... model; the discovery (resample ablation, random baselines)
+    takes --discovery-seed (before, the model's seed was reused)."""
+    import mechsink.discover
+
+    seen = []
+
+    def fake(*args, **kw):
+        seen.append(kw["seed"])
+        raise mechsink.errors.BadInputError("stop here")
+
+    monkeypatch.setattr(mechsink.discover, "discover", fake)
+    base = ["discover", "random:llama-tiny", "--metric", "massive_value:1:0:3", "--n", "1",
+            "--seq-len", "4", "--out", str(tmp_path / "o")]
+    for extra, expected in (([], 0), (["--seed", "5"], 0), (["--seed", "5",
+                                                              "--discovery-seed", "7"], 7)):
+        result = CliRunner().invoke(app, base + extra)
+        assert result.exit_code == 2 and "stop here" in result.output, result.output
+        assert seen[-1] == expected

@@ -40,6 +40,7 @@ from mechsink.discover import (
 )
 from mechsink.model import hf_model_of
 from mechsink.patching import MassiveValue
+from mechsink.viz.discover import draw_discovery
 
 K, D, DH, SEQ = 1000.0, 64, 16, 6
 Z, Z2, A, A2, C, C2, DD, DD2, E, E2, G, G2, M, M2, QZ, QZ2 = range(16)
@@ -164,6 +165,7 @@ def test_discover_writes_scores_circuit_curves_and_figures(planted, tmp_path):
     assert all(math.isnan(v) for v in found.curves[1].values)
     assert found.curves[0].values[-1] == pytest.approx(1.0)
     found.save(tmp_path)
+    draw_discovery(tmp_path)  # the figures, drawn from the saved JSON
     for name in ("discover.json", "circuit.json", "circuit.png", "faithfulness.png",
                  "summary.md"):
         assert (tmp_path / name).stat().st_size > 0

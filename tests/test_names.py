@@ -1,5 +1,7 @@
-"""One vocabulary: every name form resolves to TransformerLens's own hook, old spellings warn and
-give the same result, the sink-score default is the same everywhere, results frame."""
+"""One vocabulary: every name form resolves to TransformerLens's own hook, one table of kinds
+under sites, path-patching nodes, discovery receivers and ablate, a head's key named the same
+way everywhere on GQA models, removed spellings refused (the ones still kept warn and agree),
+the sink-score default is the same everywhere, results frame."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from mechsink.interventions.readout import dominant_super_neuron, massive_channe
 from mechsink.measure import sink_score, sink_scores
 from mechsink.model import to_tokens
 from mechsink.names import MechsinkDeprecationWarning, parse_name
-from mechsink.patching import Site, activation_patch, parse_site, path_patch
+from mechsink.patching import Site, activation_patch, attribution_patch, parse_site, path_patch
 from mechsink.patching.metrics import SinkScore
 
 CLEAN = "When Mary and John went"
@@ -86,6 +88,83 @@ def test_check_refuses_what_the_model_lacks(gpt2_tiny):
                       ("resid0@9", "position 9"), ("blocks.0.attn.hook_rot_q", "no hook")):
         with pytest.raises(BadInputError, match=what):
             parse_name(bad).check(gpt2_tiny, seq_len=6)
+
+
+def test_the_table_counts_units_and_names_hooks_as_transformer_lens_does(llama_tiny):
+    """Every kind's hook is get_act_name's, and its unit count is the size of that axis in
+    the model's own activation (llama-tiny: 4 query heads, 2 KV heads)."""
+    from mechsink.discover.run import graph_mode
+    from mechsink.names import KINDS, unit_count
+
+    tokens, _ = _tokens(llama_tiny)
+    with torch.no_grad(), graph_mode(llama_tiny):
+        _, cache = llama_tiny.run_with_cache(tokens)
+    unit_dim = {"pattern": 1, "attn_scores": 1}
+    seen = 0
+    for kind in KINDS.values():
+        name = parse_name(kind.hook, layer=None if not kind.in_block else 1)
+        assert name.kind == kind.name
+        if name.hook not in cache.cache_dict or kind.unit is None:
+            continue
+        act = cache[name.hook]
+        dim = unit_dim.get(kind.name, 2 if act.ndim > 3 or kind.unit == "neuron" else -1)
+        assert act.shape[dim] == unit_count(llama_tiny, kind.name), kind.name
+        seen += 1
+    assert seen >= 15
+    assert unit_count(llama_tiny, "k") == 2 and unit_count(llama_tiny, "q") == 4
+
+
+def test_a_heads_key_is_named_the_same_everywhere_on_gqa(llama_tiny):
+    """On llama-tiny (4 query heads, 2 KV heads) ``L1H3.k`` is the key query head 3 reads,
+    KV head 1, for patching sites, ablate and path-patching receivers alike, and ``L1KV1.k``
+    names that KV head directly (before: sites and ablate read the 3 as a KV head and refused
+    it, path_patch read it as a query head)."""
+    from mechsink.patching import parse_receiver
+
+    clean, corrupted = _tokens(llama_tiny)
+    ref = activation_patch(llama_tiny, clean, corrupted, Site("k", layers=(1,), units=(1,)),
+                           logit_metric)
+    for form in ("L1H3.k", "L1H2.k", "L1KV1.k"):
+        got = activation_patch(llama_tiny, clean, corrupted, form, logit_metric)
+        assert got.labels["head"] == [1]
+        torch.testing.assert_close(got.values, ref.values)
+    expected = None
+    for form in ("L1H3.k@2", "L1KV1.k@2", ("attn.hook_k", {"units": [1], "positions": [2]})):
+        site, kw = form if isinstance(form, tuple) else (form, {})
+        with applied(llama_tiny, [ablate(llama_tiny, site, 1 if kw else None, **kw)]):
+            got = llama_tiny(clean)
+        if expected is None:
+            expected = got
+        torch.testing.assert_close(got, expected)
+    assert parse_receiver("L1H3.k").index_on(llama_tiny) == 1
+    assert parse_receiver("L1KV1.k").index_on(llama_tiny) == 1
+    a = path_patch(llama_tiny, clean, corrupted, ["L0H0"], ["L1H3.k"], logit_metric)
+    b = path_patch(llama_tiny, clean, corrupted, ["L0H0"], ["L1KV1.k"], logit_metric)
+    torch.testing.assert_close(a.values, b.values)
+    assert (a.site, b.site) == ("path:L1H3.k", "path:L1KV1.k")
+    assert str(parse_name("L1KV1.k")) == "L1KV1.k" and str(parse_name("L1H3.k")) == "L1H3.k"
+    with pytest.raises(BadInputError, match="KV head 2 is out of range"):
+        parse_name("L1KV2.k").check(llama_tiny)
+
+
+def test_discovery_receivers_are_path_patching_receivers(llama_tiny):
+    """The graph's receivers are the one Receiver: their names parse back to themselves, and
+    each reads at the hook of its kind in the table (graph mode) and computes at another."""
+    from mechsink.discover import Graph
+    from mechsink.names import KINDS
+    from mechsink.patching import Receiver, parse_receiver
+    from mechsink.patching.nodes import RECEIVERS
+
+    g = Graph.build(llama_tiny, SinkScore(1))
+    for r in g.receivers:
+        assert isinstance(r, Receiver)
+        if r.kind == "metric":
+            continue
+        back = parse_receiver(r.name)
+        assert (back.kind, back.layer, back.index_on(llama_tiny)) == (r.kind, r.layer, r.index)
+        read, computes = RECEIVERS[r.kind]
+        assert r.read_hook == f"blocks.{r.layer}.{KINDS[read].hook}"
+        assert r.hook == get_act_name(computes, r.layer)
 
 
 def _tokens(model):
@@ -187,74 +266,71 @@ def _same_with_warning(old, new):
     return a, b
 
 
-def test_old_site_spellings_warn_and_agree():
-    for old, new in ((lambda: Site("z", heads=(1,)), lambda: Site("z", units=(1,))),
-                     (lambda: Site("neuron", neurons=(3,)), lambda: Site("neuron", units=(3,))),
-                     (lambda: parse_site("head"), lambda: parse_site("z")),
-                     (lambda: parse_site("attn_head"), lambda: parse_site("z")),
-                     (lambda: parse_site("neurons"), lambda: parse_site("neuron")),
-                     (lambda: parse_site("z:all_pos"), lambda: parse_site("z_all_pos")),
-                     (lambda: parse_site("z@all"), lambda: parse_site("z_all_pos")),
-                     (lambda: parse_site("z_all"), lambda: parse_site("z_all_pos")),
-                     (lambda: parse_site("resid_pre_pos"), lambda: parse_site("resid_pre")),
-                     (lambda: parse_site("z", heads=(2,)), lambda: parse_site("z", units=(2,)))):
-        a, b = _same_with_warning(old, new)
-        assert a == b
+def test_old_site_spellings_are_refused():
+    """The spellings of earlier releases are gone: each is a clear error naming the way."""
+    for old in ("head", "attn_head", "neurons", "z:all_pos", "z@all", "z_all", "z:pos",
+                "resid_pre_pos"):
+        with pytest.raises(BadInputError, match="unknown site"):
+            parse_site(old)
+    for keyword in ("heads", "neurons"):
+        with pytest.raises(BadInputError, match="restrict a site with layers=, units="):
+            parse_site("z", **{keyword: (1,)})
+        with pytest.raises(TypeError, match=keyword):
+            Site("z", **{keyword: (1,)})
 
 
-def test_old_keywords_warn_and_agree(llama_tiny):
+def test_old_keywords_are_gone(llama_tiny):
+    """key_pos=, key_positions= and heads= were renamed before the first release and are not
+    accepted any more (position=, positions=, units=)."""
     tokens, _ = _tokens(llama_tiny)
     _, cache = llama_tiny.run_with_cache(tokens)
     pattern = cache[get_act_name("pattern", 1)]
-    a, b = _same_with_warning(lambda: sink_score(pattern, key_pos=2),
-                              lambda: sink_score(pattern, position=2))
-    torch.testing.assert_close(a, b)
-    a, b = _same_with_warning(lambda: sink_scores(cache, key_pos=2),
-                              lambda: sink_scores(cache, position=2))
-    torch.testing.assert_close(a.gu, b.gu)
-    a, b = _same_with_warning(lambda: b.key_pos, lambda: b.position)
-    assert a == b == 2
-    a, b = _same_with_warning(lambda: sink_readout(llama_tiny, tokens, key_positions=[0, 2]),
-                              lambda: sink_readout(llama_tiny, tokens, positions=[0, 2]))
-    torch.testing.assert_close(a.scores[2], b.scores[2])
-    seen = []
-    for edit in _same_with_warning(
-            lambda: attend_only_to_self(llama_tiny, [1], key_pos=3, heads=[0]),
-            lambda: attend_only_to_self(llama_tiny, [1], position=3, units=[0])):
-        with applied(llama_tiny, edit):
-            seen.append(llama_tiny(tokens))
-    torch.testing.assert_close(seen[0], seen[1])
-    with pytest.raises(BadInputError, match="give position= only"):
-        attend_only_to_self(llama_tiny, [1], 3, key_pos=3)
+    torch.testing.assert_close(sink_score(pattern, position=2), sink_score(pattern, 2))
+    for call in (lambda: sink_score(pattern, key_pos=2),
+                 lambda: sink_scores(cache, key_pos=2),
+                 lambda: sink_readout(llama_tiny, tokens, key_positions=[0, 2]),
+                 lambda: attend_only_to_self(llama_tiny, [1], key_pos=3, heads=[0])):
+        with pytest.raises(TypeError):
+            call()
+    assert not hasattr(sink_scores(cache, position=2), "key_pos")
 
 
-def test_dict_results_became_dataclasses_and_old_indexing_warns(llama_tiny):
+def test_results_are_dataclasses_without_dict_indexing(llama_tiny):
     tokens, _ = _tokens(llama_tiny)
     sn = dominant_super_neuron(llama_tiny, tokens)
-    a, b = _same_with_warning(lambda: sn["channel"], lambda: sn.channel)
-    assert a == b
     assert sn.name == f"L{sn.layer}N{sn.neuron}"
     assert list(sn.to_frame()["channel_at_pos0"]) == sn.channel_at_pos0
     found = massive_channel_sets(llama_tiny, tokens)
-    a, b = _same_with_warning(lambda: found["creating_layer"], lambda: found.creating_layer)
-    assert a == b and found.to_dict()["channel"] == found.channel
+    assert found.to_dict()["channel"] == found.channel
+    for result, key in ((sn, "channel"), (found, "creating_layer")):
+        with pytest.raises(TypeError):
+            result[key]  # noqa: B018 (the old dict access)
 
 
-def test_text_without_prepend_bos_warns_and_means_true(gpt2_tiny):
-    a, b = _same_with_warning(
-        lambda: activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre", logit_metric),
-        lambda: activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre", logit_metric,
-                                 prepend_bos=True))
-    torch.testing.assert_close(a.values, b.values)
-    a, b = _same_with_warning(
-        lambda: path_patch(gpt2_tiny, CLEAN, CORRUPTED, ["MLP0"], ["metric"], logit_metric),
-        lambda: path_patch(gpt2_tiny, CLEAN, CORRUPTED, ["MLP0"], ["metric"], logit_metric,
-                           prepend_bos=True))
-    torch.testing.assert_close(a.values, b.values)
+def test_text_without_prepend_bos_is_refused(gpt2_tiny):
+    """Text input needs a stated BOS choice (it was a warning meaning True); token tensors
+    are used as they are."""
+    from mechsink.discover import GraphRun, discover
+
+    calls = [lambda **kw: activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre",
+                                           logit_metric, **kw),
+             lambda **kw: path_patch(gpt2_tiny, CLEAN, CORRUPTED, ["MLP0"], ["metric"],
+                                     logit_metric, **kw),
+             lambda **kw: attribution_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre",
+                                            logit_metric, **kw),
+             lambda **kw: GraphRun(gpt2_tiny, CLEAN, SinkScore(1), corrupted=CORRUPTED, **kw),
+             lambda **kw: discover(gpt2_tiny, CLEAN, SinkScore(1), corrupted=CORRUPTED,
+                                   method="exact", **kw)]
+    for call in calls:
+        with pytest.raises(BadInputError, match="prepend_bos=True or prepend_bos=False"):
+            call()
+    a = activation_patch(gpt2_tiny, CLEAN, CORRUPTED, "resid_pre", logit_metric,
+                         prepend_bos=True)
     clean, corrupted = _tokens(gpt2_tiny)
     with warnings.catch_warnings():  # token tensors need no BOS answer
         warnings.simplefilter("error", MechsinkDeprecationWarning)
-        activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
+        b = activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
+    torch.testing.assert_close(a.values, b.values)
 
 
 # --- one sink-score variant --------------------------------------------------------------------

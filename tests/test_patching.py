@@ -159,7 +159,7 @@ def test_ablations(llama_tiny):
     zero = activation_patch(llama_tiny, clean, corrupted, "z_all_pos", logit_metric,
                             ablation="zero")
     mean = activation_patch(llama_tiny, clean, corrupted, "z_all_pos", logit_metric,
-                            ablation="mean", reference=torch.cat([clean, corrupted]))
+                            ablation="batch_mean", reference=torch.cat([clean, corrupted]))
     assert zero.values.shape == mean.values.shape == (2, 4)
     assert not torch.allclose(zero.values, mean.values)
     with torch.no_grad():  # zero-ablating L1H2 by hand gives the same number
@@ -309,7 +309,7 @@ def no_prefix_reuse():
 
 
 def _sweep_both_ways(model, site, metric, **kw):
-    from mechsink.patching import engine
+    from mechsink.patching import engine, plan
 
     clean, corrupted = _pair(model)
     seen = []  # suffix lengths of the patched forwards (positions actually computed)
@@ -319,12 +319,12 @@ def _sweep_both_ways(model, site, metric, **kw):
 
     # a tiny model's blocks cost less than a block call: the batching would merge every
     # position into one forward from 0, so price the calls at 0 to exercise late starts
-    cost, engine.BLOCK_CALL_COST = engine.BLOCK_CALL_COST, 0
+    cost, plan.BLOCK_CALL_COST = plan.BLOCK_CALL_COST, 0
     try:
         with model.hooks(fwd_hooks=[("blocks.1.hook_resid_pre", spy)]):
             fast = activation_patch(model, clean, corrupted, site, metric, **kw)
     finally:
-        engine.BLOCK_CALL_COST = cost
+        plan.BLOCK_CALL_COST = cost
     engine.SPEEDUPS["prefix_reuse"] = False
     try:
         plain = activation_patch(model, clean, corrupted, site, metric, **kw)
@@ -413,10 +413,10 @@ def test_position_mean_ablation_equals_a_hand_computed_hook(llama_tiny):
 def test_memory_budget_bounds_every_patched_forward(llama_tiny):
     """With a small budget, the largest activation of any patched forward stays within it
     (measured on the tensors the hooks see), and the values do not change."""
-    from mechsink.patching import engine
+    from mechsink.patching import plan
 
     clean, corrupted = _pair(llama_tiny)
-    one = engine.bytes_per_copy(llama_tiny, 1, clean.shape[1], 0, -1)
+    one = plan.bytes_per_copy(llama_tiny, 1, clean.shape[1], 0, -1)
     budget = 3 * one
     peak = {"bytes": 0}
 
@@ -432,7 +432,7 @@ def test_memory_budget_bounds_every_patched_forward(llama_tiny):
     assert 0 < peak["bytes"] <= budget
     big = activation_patch(llama_tiny, clean, corrupted, "resid_pre", logit_metric)
     assert (small.values - big.values).abs().max() <= 1e-5
-    assert engine.copies_per_batch(llama_tiny, 1, 6, 0, -1, memory_budget=budget) == 3
+    assert plan.copies_per_batch(llama_tiny, 1, 6, 0, -1, memory_budget=budget) == 3
 
 
 @pytest.mark.parametrize("bad", [None, "0.5", [1.0]])
@@ -506,15 +506,15 @@ def test_batching_weighs_block_calls_against_recomputed_tokens(llama_tiny):
     """The batching's cost model: free block calls give one start position per forward group
     (no token computed twice); expensive ones merge positions into forwards from position 0;
     the sweep is the same either way."""
-    from mechsink.patching import engine
+    from mechsink.patching import plan
 
     clean, corrupted = _pair(llama_tiny)
     site = parse_site("resid_pre")
     results, starts = {}, {}
     for cost in (0, 10**9):
         seen: list[int] = []
-        old = engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE
-        engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE = cost, 100.0
+        old = plan.BLOCK_CALL_COST, plan.MAX_RECOMPUTE
+        plan.BLOCK_CALL_COST, plan.MAX_RECOMPUTE = cost, 100.0
         try:
             def spy(act, hook, seen=seen):
                 seen.append(act.shape[1])
@@ -523,7 +523,7 @@ def test_batching_weighs_block_calls_against_recomputed_tokens(llama_tiny):
                 results[cost] = activation_patch(llama_tiny, clean, corrupted, site,
                                                  LogitDiff(100, 200)).values
         finally:
-            engine.BLOCK_CALL_COST, engine.MAX_RECOMPUTE = old
+            plan.BLOCK_CALL_COST, plan.MAX_RECOMPUTE = old
         starts[cost] = seen
     n = clean.shape[1]
     assert sorted(set(starts[0])) == list(range(1, n + 1))  # one suffix length per position

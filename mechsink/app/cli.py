@@ -387,7 +387,8 @@ def discover(
                                "resid_norm:L:POS, logit_diff[:GOOD:BAD], log_prob:T, kl"),
     out: str = typer.Option(..., "--out", help="folder for discover.json, circuit.json/.png, "
                             "faithfulness.png, summary.md"),
-    method: str = typer.Option("eap-ig", help="eap, eap-ig or exact"),
+    method: str = typer.Option("eap-ig", help="a method of mechsink.discover.methods: eap, "
+                               "eap-ig, exact, ..."),
     clean: list[str] | None = typer.Option(None, help="clean prompt (repeat for a batch; default: "
                                     "--n natural sequences of --seq-len tokens)"),
     corrupted: list[str] | None = typer.Option(None, help="counterfactual prompts, one per --clean "
@@ -410,15 +411,18 @@ def discover(
                                "zero,batch_mean"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
+    discovery_seed: int = typer.Option(0, help="seed of the resample ablation and the "
+                                       "random-circuit baselines"),
 ) -> None:
-    """Edge-level circuit discovery: score every edge (EAP, EAP-IG or exact edge patching),
-    pick a circuit and draw its faithfulness curves."""
+    """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
+    another registered method), pick a circuit and draw its faithfulness curves."""
     from mechsink.discover import METHODS
     from mechsink.discover import discover as run_discovery
     from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
-    from mechsink.model.zoo import load_model
+    from mechsink.model import load_model
     from mechsink.patching import parse_metric
+    from mechsink.viz.discover import draw_discovery
 
     try:  # every check that needs no model, before loading one
         if method not in METHODS:
@@ -463,9 +467,10 @@ def discover(
                                       positions=pos, method=method, steps=steps, ig=ig,
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
-                                      seed=seed or 0)
+                                      seed=discovery_seed)
             found.meta["model"] = model
             found.save(folder)
+            draw_discovery(folder)
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)

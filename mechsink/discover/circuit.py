@@ -86,20 +86,12 @@ def edges_from_names(graph: Graph, names: Iterable[str]) -> list[int]:
 def faithfulness(run: GraphRun, keeps: Bool[Tensor, "n edge"], *,
                  batch: int | None = None) -> Tensor:
     """Normalised metric for each row of edges kept (every other edge corrupted)."""
-    full, empty = run.clean_value, _empty(run)
+    full, empty = run.clean_value, run.empty_value
     values = run.mask_values(keeps, batch=batch)
     den = full - empty
     if abs(den) < 1e-12 * max(1.0, abs(full)):
         return torch.full_like(values, math.nan)
     return (values - empty) / den
-
-
-def _empty(run: GraphRun) -> float:
-    cached = getattr(run, "_empty_value", None)
-    if cached is None:
-        cached = run.all_corrupted_value()
-        run._empty_value = cached  # type: ignore[attr-defined]
-    return cached
 
 
 def top_n(scores: EdgeScores, n: int) -> Circuit:

@@ -100,10 +100,9 @@ def curve(run: GraphRun, order: Sequence[int], *, label: str = "circuit",
         mean, std = rv.mean(0).tolist(), (rv.std(0) if n_random > 1 else rv[0] * 0).tolist()
     else:
         mean = std = [math.nan] * len(sizes)
-    empty = getattr(run, "_empty_value", math.nan)
     abl = "counterfactual" if run.ablation is None else str(run.ablation)
     return Curve(label, abl, n, list(sizes), values, mean, std, auc(sizes, values, n),
-                 auc(sizes, mean, n), run.clean_value, float(empty))
+                 auc(sizes, mean, n), run.clean_value, run.empty_value)
 
 
 def sets_curve(run: GraphRun, sets: Sequence[Sequence[int]], *, label: str,
@@ -133,5 +132,4 @@ def sets_curve(run: GraphRun, sets: Sequence[Sequence[int]], *, label: str,
         mean = std = [math.nan] * len(sizes)
     abl = "counterfactual" if run.ablation is None else str(run.ablation)
     return Curve(label, abl, n, sizes, values, mean, std, auc(sizes, values, n),
-                 auc(sizes, mean, n), run.clean_value,
-                 float(getattr(run, "_empty_value", math.nan)))
+                 auc(sizes, mean, n), run.clean_value, run.empty_value)

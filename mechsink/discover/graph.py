@@ -26,58 +26,14 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, n_kv_heads
+from mechsink.model import n_kv_heads
+from mechsink.names import Name, kind_of_hook
 from mechsink.patching.metrics import Metric, layer_of
+from mechsink.patching.nodes import RECEIVERS, Receiver, Sender
 
-#: the hooks a metric may read, by what part of a block they sit in
-_ATTN_HOOKS = ("hook_q", "hook_k", "hook_v", "hook_z", "hook_pattern", "hook_attn_scores",
-               "hook_rot_q", "hook_rot_k", "hook_result", "hook_q_input", "hook_k_input",
-               "hook_v_input")
-
-
-@dataclass(frozen=True)
-class Sender:
-    """A node that writes into the residual stream: ``embed``, a ``head`` or an ``mlp``."""
-
-    kind: str
-    layer: int = -1
-    index: int = 0
-
-    @property
-    def name(self) -> str:
-        return {"embed": "embed", "head": f"L{self.layer}H{self.index}",
-                "mlp": f"MLP{self.layer}"}[self.kind]
-
-    @property
-    def stage(self) -> int:
-        """When it writes: embed 0, heads of layer L at 2L+1, MLP L at 2L+2."""
-        return {"embed": 0, "head": 2 * self.layer + 1, "mlp": 2 * self.layer + 2}[self.kind]
-
-
-@dataclass(frozen=True)
-class Receiver:
-    """A node that reads the residual stream: ``q``/``k``/``v`` of a (KV) head, ``mlp``,
-    ``metric``. ``index`` is the query head for ``q`` and the KV head for ``k``/``v``."""
-
-    kind: str
-    layer: int
-    index: int = 0
-    gqa: bool = False
-
-    @property
-    def name(self) -> str:
-        if self.kind == "metric":
-            return "metric"
-        if self.kind == "mlp":
-            return f"MLP{self.layer}"
-        if self.kind in ("k", "v") and self.gqa:
-            return f"L{self.layer}KV{self.index}.{self.kind}"
-        return f"L{self.layer}H{self.index}.{self.kind}"
-
-    @property
-    def stage(self) -> int:
-        """When it reads: attention of layer L at 2L+1, MLP L at 2L+2 (metric: set by graph)."""
-        return 2 * self.layer + (2 if self.kind == "mlp" else 1)
+#: where a receiver reads: ``(hook, head)``, ``head`` the index into a per-head input's head
+#: axis, or None (no head axis, or every head at once)
+Site = tuple[str, int | None]
 
 
 @dataclass(frozen=True)
@@ -92,6 +48,14 @@ class MetricPoint:
     def stage(self) -> int:
         return 2 * self.layer + (1 if self.kind == "attn" else 3)
 
+    @property
+    def sites(self) -> list[Site]:
+        """Where the metric receiver's input is changed: every head's query, key and value
+        input of the layer (attn), or the block's output (post)."""
+        if self.kind == "attn":
+            return [(Name(RECEIVERS[k][0], self.layer).hook, None) for k in ("q", "k", "v")]
+        return [(Name("resid_post", self.layer).hook, None)]
+
     def __str__(self) -> str:
         return (f"attention input of layer {self.layer}" if self.kind == "attn"
                 else f"output of block {self.layer}")
@@ -105,13 +69,14 @@ def metric_point(model: Any, metric: Metric) -> MetricPoint:
         return MetricPoint("post", n_layers - 1)
     points = []
     for hook in needs.hooks:
-        layer = layer_of(hook)
-        tail = hook.split(".")[-1]
-        if layer is not None and tail == "hook_resid_post":
+        layer, kind = layer_of(hook), kind_of_hook(hook)
+        name = None if kind is None else kind.name
+        in_attn = (kind is not None and kind.part == "attn") or ".attn." in hook
+        if layer is not None and name == "resid_post":
             points.append(MetricPoint("post", layer))
-        elif layer is not None and tail == "hook_resid_pre" and layer > 0:
+        elif layer is not None and name == "resid_pre" and layer > 0:
             points.append(MetricPoint("post", layer - 1))
-        elif layer is not None and (tail in _ATTN_HOOKS or tail == "hook_attn_out"):
+        elif layer is not None and in_attn:
             points.append(MetricPoint("attn", layer))
         else:
             raise BadInputError(
@@ -149,23 +114,41 @@ class Graph:
         n_heads, n_kv = int(model.cfg.n_heads), n_kv_heads(model)
         g = cls(0, n_heads, n_kv, point)
         g.senders.append(Sender("embed"))
+        gqa = n_kv != n_heads  # key/value receivers are then named by KV head (L3KV1.k)
         for layer in range(int(model.cfg.n_layers)):
             if 2 * layer + 1 >= point.stage:
                 break
             g.n_layers = layer + 1
-            gqa = n_kv != n_heads
             g.senders += [Sender("head", layer, h) for h in range(n_heads)]
             g.receivers += [Receiver("q", layer, h) for h in range(n_heads)]
-            g.receivers += [Receiver("k", layer, h, gqa) for h in range(n_kv)]
-            g.receivers += [Receiver("v", layer, h, gqa) for h in range(n_kv)]
+            g.receivers += [Receiver(k, layer, h, grouped=gqa) for k in ("k", "v")
+                            for h in range(n_kv)]
             if 2 * layer + 2 < point.stage:
                 g.senders.append(Sender("mlp", layer))
                 g.receivers.append(Receiver("mlp", layer))
-        g.receivers.append(Receiver("metric", point.layer))
+        g.receivers.append(Receiver("metric"))
         return g
 
     def receiver_stage(self, r: Receiver) -> int:
+        """When ``r`` reads (the metric: at the metric point)."""
         return self.point.stage if r.kind == "metric" else r.stage
+
+    def receiver_layer(self, r: Receiver) -> int:
+        """The block ``r`` reads in (the metric: the metric point's)."""
+        return self.point.layer if r.layer is None else r.layer
+
+    def sites(self, r: Receiver) -> list[Site]:
+        """Where ``r`` reads its own copy of the residual stream in graph mode: a per-head
+        input with its head (query head for q, KV head for k/v), the MLP's input, or the
+        metric point's hooks."""
+        if r.kind == "metric":
+            return self.point.sites
+        return [(r.read_hook, r.index if r.kind in ("q", "k", "v") else None)]
+
+    def n_senders_before(self, r: Receiver) -> int:
+        """How many senders (a prefix of :attr:`senders`) write before ``r`` reads."""
+        stage = self.receiver_stage(r)
+        return sum(1 for s in self.senders if s.stage < stage)
 
     @cached_property
     def valid(self) -> Bool[Tensor, "sender receiver"]:
@@ -211,44 +194,13 @@ class Graph:
         out[..., self.src, self.dst] = values
         return out
 
-    def sender_index(self, name: str) -> int:
-        for i, s in enumerate(self.senders):
-            if s.name == name:
-                return i
-        raise BadInputError(f"no sender {name!r} in this graph.")
-
-    def receivers_at(self, stage: int) -> list[int]:
-        """Indices of the receivers that read at ``stage``."""
-        return [i for i, r in enumerate(self.receivers) if self.receiver_stage(r) == stage]
-
     def path_spec(self, e: int) -> tuple[str, str]:
-        """The edge as :func:`mechsink.patching.path.path_patch` names it (sender, receiver)."""
-        s, r = self.senders[int(self.src[e])], self.receivers[int(self.dst[e])]
-        if r.kind in ("k", "v"):  # path_patch names the KV head by a query head of its group
-            recv = f"L{r.layer}H{r.index * (self.n_heads // self.n_kv)}.{r.kind}"
-        else:
-            recv = r.name
-        return s.name, recv
+        """The edge as :func:`mechsink.patching.path.path_patch` names it (sender, receiver):
+        both speak :mod:`mechsink.patching.nodes`'s names."""
+        return self.senders[int(self.src[e])].name, self.receivers[int(self.dst[e])].name
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv,
                 "metric_point": {"kind": self.point.kind, "layer": self.point.layer},
                 "senders": [s.name for s in self.senders],
                 "receivers": [r.name for r in self.receivers], "n_edges": self.n_edges}
-
-
-def hook_of(r: Receiver, point: MetricPoint) -> str:
-    """The hook where a receiver reads its input (split per head for q/k/v)."""
-    if r.kind in ("q", "k", "v"):
-        return act_name(f"hook_{r.kind}_input", r.layer)
-    if r.kind == "mlp":
-        return act_name("hook_mlp_in", r.layer)
-    return metric_hooks(point)[0]
-
-
-def metric_hooks(point: MetricPoint) -> list[str]:
-    """Where the metric receiver's input is changed: every q/k/v input of the layer (attn) or
-    the block's output (post)."""
-    if point.kind == "attn":
-        return [act_name(f"hook_{x}_input", point.layer) for x in ("q", "k", "v")]
-    return [act_name("resid_post", point.layer)]

@@ -14,8 +14,9 @@ from torch import Tensor
 
 from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
 from mechsink.discover.curves import Curve, curve, default_sizes
+from mechsink.discover.methods import get, options_for, score_edges
 from mechsink.discover.run import GraphRun
-from mechsink.discover.scores import EdgeScores, score_edges
+from mechsink.discover.scores import EdgeScores
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.names import explicit_bos
@@ -42,18 +43,14 @@ class Discovery:
         return summary(self.to_dict(top=20))
 
     def save(self, out: str | Path) -> Path:
-        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
-        ``circuit.png``, ``faithfulness.png`` and ``summary.md`` into ``out``."""
-        from mechsink.viz.discover import draw_circuit, draw_curves
-
+        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json`` and
+        ``summary.md`` into ``out``; :func:`mechsink.viz.discover.draw_discovery` draws the
+        figures from them."""
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         data = self.to_dict()
         atomic_write_json(out / "discover.json", data)
         self.circuit.save(out / "circuit.json")
-        draw_circuit(data["circuit"], out / "circuit.png")
-        if self.curves:
-            draw_curves(data["curves"], out / "faithfulness.png")
         atomic_write_text(out / "summary.md", summary(data))
         return out
 
@@ -79,19 +76,19 @@ def discover(
     prepend_bos: bool | None = None,
     seed: int = 0,
 ) -> Discovery:
-    """Score every edge with ``method``, select a circuit (``select="top"``: the ``n_edges``
-    best, default the smallest measured size reaching ``target``; ``"greedy"``), and draw its
-    faithfulness curve under the scoring corruption and each of ``curve_ablations``."""
+    """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
+    it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
+    (``select="top"``: the ``n_edges`` best, default the smallest measured size reaching
+    ``target``; ``"greedy"``), and draw its faithfulness curve under the scoring corruption
+    and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
+    baselines' seed."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
+    get(method)  # an unknown method is refused before any forward
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed)
-    kw: dict[str, Any] = {}
-    if method in ("eap", "eap-ig"):
-        kw = {"qk_fix": qk_fix, "verify": verify}
-    if method == "eap-ig":
-        kw |= {"steps": steps, "ig": ig}
+    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig})
     scores = score_edges(run, method, **kw)
     order = scores.order().tolist()
     curves = [curve(run, order, label=method, n_random=n_random, seed=seed)]

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.model import act_name, run_from_layer
-from mechsink.patching import engine
+from mechsink.patching import plan
 
 
 def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
@@ -36,7 +36,7 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
             continue
         cols = {k: [i for i, r in enumerate(g.receivers) if r.kind == k and r.layer == layer]
                 for k in ("q", "k")}
-        n_s = run.n_senders_before(g.receivers[cols["q"][0]])
+        n_s = g.n_senders_before(g.receivers[cols["q"][0]])
         base = run.clean.acts[act_name("pattern", layer)]
         for kind in ("q", "k"):
             patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
@@ -58,7 +58,7 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
     ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``."""
     model, b = run.model, run.batch
     resid = run.clean.acts[act_name("resid_pre", layer)]
-    per = engine.copies_per_batch(model, b, run.seq_len, 0, 0,
+    per = plan.copies_per_batch(model, b, run.seq_len, 0, 0,
                                   memory_budget=run.memory_budget)
     hook_in = act_name(f"hook_{kind}_input", layer)
     pattern = act_name("pattern", layer)

@@ -29,20 +29,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mechsink.discover.graph import Graph, MetricPoint, Receiver
+from mechsink.discover.graph import Graph
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
-from mechsink.model import act_name, hook_names, run_from_layer, write_in_place
+from mechsink.model import act_name, hook_names, write_in_place
 from mechsink.names import explicit_bos
-from mechsink.patching import engine
+from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
-from mechsink.patching.metrics import ALL, Metric, Outputs, check_value
+from mechsink.patching.metrics import Metric
+from mechsink.patching.nodes import Receiver, Sender
 
 HookFn = Callable[..., Any]
 _FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
@@ -81,22 +83,40 @@ def _own_copy(hook: str) -> bool:
 
 
 @dataclass
-class _Slot:
-    """Receivers read at one hook: the hook, the receivers' columns and head axis (or None)."""
+class Slot:
+    """Receivers read at one hook: the hook, the receivers' columns (numbers in
+    ``graph.receivers``), whether the activation has a head axis (q/k/v inputs, one column per
+    head) and whether one column feeds every head (the metric at an attention input)."""
 
     hook: str
     cols: list[int]
-    heads: bool  # the activation has a head axis (q/k/v inputs)
-    broadcast: bool = False  # one column for every head (the metric at an attention input)
+    heads: bool
+    broadcast: bool = False
 
 
 class GraphRun:
     """One setup per call: tokens, metric, senders' clean and corrupted writes, the graph.
 
     ``corrupted``: counterfactual tokens (each sender's corrupted write is its write on that
-    run), or ``ablation`` (:mod:`mechsink.interventions.ablation`: zero, batch_mean, position_mean,
-    resample) of each sender's clean write. ``positions``: corrupt senders at these positions
-    only (default all; ``position_mean`` needs them: it is the mean over the others).
+    run), or ``ablation`` (:mod:`mechsink.interventions.ablation`: zero, batch_mean,
+    position_mean, resample) of each sender's clean write. ``positions``: corrupt senders at
+    these positions only (default all; ``position_mean`` needs them: it is the mean over the
+    others). The clean and corrupted runs are recorded by :func:`mechsink.patching.engine.setup`
+    (one forward for both, keys and values kept), so exact edge patches reuse the clean run's
+    prefix before the first corrupted position.
+
+    The interface a discovery method (:mod:`mechsink.discover.methods`) uses:
+
+    - ``graph`` (:class:`~mechsink.discover.graph.Graph`), ``metric`` (bound to the clean run),
+      ``clean_value``, ``corrupted_value`` (None under an ablation), ``ablation``,
+      ``positions`` (a bool mask over positions), ``batch``, ``seq_len``, ``model``,
+      ``memory_budget``;
+    - ``clean``: the clean :class:`~mechsink.patching.engine.Run` (``clean.acts`` holds each
+      graph layer's ``hook_resid_pre`` and ``hook_pattern``);
+    - ``delta`` ``[batch, pos, sender, d_model]``: each sender's corrupted minus clean write;
+    - :meth:`slots` (where receivers read, in forward order), :meth:`run_coeffs` (forwards
+      with edge coefficients, gradients on request), :meth:`exact` (edges patched one at a
+      time), :meth:`mask_values` (edges outside a circuit corrupted) and :attr:`empty_value`.
     """
 
     def __init__(
@@ -112,7 +132,7 @@ class GraphRun:
         seed: int = 0,
         memory_budget: int | None = None,
     ) -> None:
-        abl = as_ablation(ablation, mean="batch_mean", seed=seed)
+        abl = as_ablation(ablation, seed=seed)
         if (abl is None) == (corrupted is None):
             raise BadInputError("give either corrupted tokens or an ablation, not both and "
                                 "not neither.")
@@ -121,72 +141,72 @@ class GraphRun:
         self.memory_budget = memory_budget
         prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="GraphRun")
         tokens = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
-        corr_t = None if corrupted is None else engine.as_tokens(model, corrupted,
-                                                                 prepend_bos=prepend_bos)
-        if corr_t is not None:
-            engine.check_pair(tokens, corr_t)
-        self.tokens = tokens
         batch, seq_len = tokens.shape
+        self.positions = self._position_mask(positions, seq_len, abl)
+        (first_metric,), needs = engine.prepare_metrics(model, metric, seq_len)
+        self.graph = Graph.build(model, first_metric)
+        self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
+        g = self.graph
+        names = set(self._write_hooks(range(g.n_layers)))
+        names |= {act_name("resid_pre", layer) for layer in (*range(g.n_layers), g.point.layer)}
+        names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
+        with torch.no_grad(), graph_mode(model):
+            s = engine.setup(model, tokens, corrupted, first_metric, prepend_bos=prepend_bos,
+                             keep={"clean": names, "corrupted": names},
+                             last_layer=engine.last_layer_read(model, needs))
+        self.clean, self.needs, (self.metric,) = s.clean, s.needs, s.metrics
+        self.tokens = s.clean.tokens
+        self.clean_value = float(s.clean_values[0])
+        corr_value = s.corrupted_values[0]
+        self.corrupted_value: float | None = None if corr_value is None else float(corr_value)
+        with torch.no_grad():
+            self.norm_gain = self._norm_gains(self.clean.acts) if self.post_norm else {}
+            self.w_clean = self._writes(self.clean.acts)
+            if s.corrupted is not None:
+                w_corr = self._writes(s.corrupted.acts)
+            else:
+                assert abl is not None
+                w_corr = torch.stack([abl.values(self.w_clean[:, :, u], self.positions)
+                                      for u in range(len(g.senders))], 2)
+            where = self.positions.to(w_corr.device).view(1, seq_len, 1, 1)
+            self.w_corr: Float[Tensor, "batch pos sender d_model"] = torch.where(
+                where, w_corr, self.w_clean)
+            self.delta = self.w_corr - self.w_clean
+        self.batch, self.seq_len = batch, seq_len
+
+    @staticmethod
+    def _position_mask(positions: Sequence[int] | None, seq_len: int,
+                       abl: Ablation | None) -> Bool[Tensor, " pos"]:
+        """The positions whose senders are corrupted, checked before any forward."""
         mask = torch.zeros(seq_len, dtype=torch.bool)
         if positions is None:
             if abl is not None and abl.kind == "position_mean":
                 raise BadInputError("position_mean ablation is the mean over the positions not "
                                     "ablated: give positions=[...] (e.g. [0]).")
             mask[:] = True
-        else:
-            for p in positions:
-                if not -seq_len <= p < seq_len:
-                    raise BadInputError(f"position {p} is outside 0..{seq_len - 1}.")
-                mask[p] = True
-            if abl is not None and abl.kind == "position_mean" and bool(mask.all()):
-                raise BadInputError("position_mean needs at least one position left alone.")
-        self.positions = mask
-        (self.metric,), self.needs = engine.prepare_metrics(model, metric, seq_len)
-        self.graph = Graph.build(model, self.metric)
-        self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
-        g = self.graph
-        names = set(engine.names_for(model, self.needs))
-        names |= {act_name("resid_pre", layer) for layer in range(max(1, g.n_layers + 1))
-                  if layer < int(model.cfg.n_layers)}
-        names |= self._write_hooks(range(g.n_layers))
-        names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
-        with torch.no_grad(), graph_mode(model):
-            logits, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-            acts = dict(cache.cache_dict)
-            self.clean = engine.Run(tokens, logits, acts, None)
-            clean_out = engine.outputs_of(model, self.clean, self.needs)
-            self.metric = self.metric.bind(clean_out)
-            self.clean_value = float(check_value(self.metric(clean_out), "on the clean run",
-                                                 self.metric))
-            self.norm_gain = self._norm_gains(acts) if self.post_norm else {}
-            self.w_clean = self._writes(acts)
-            if corr_t is not None:
-                _, c_cache = model.run_with_cache(corr_t, names_filter=lambda n: n in names)
-                c_acts = dict(c_cache.cache_dict)
-                w_corr = self._writes(c_acts)
-                self.corrupted_value: float | None = float(check_value(self.metric(
-                    engine.outputs_of(model, engine.Run(corr_t, _, c_acts, None), self.needs)),
-                    "on the corrupted run", self.metric))
-            else:
-                assert abl is not None
-                w_corr = torch.stack([abl.values(self.w_clean[:, :, u], mask)
-                                      for u in range(len(g.senders))], 2)
-                self.corrupted_value = None
-        where = mask.to(w_corr.device).view(1, seq_len, 1, 1)
-        self.w_corr: Float[Tensor, "batch pos sender d_model"] = torch.where(
-            where, w_corr, self.w_clean)
-        self.delta = self.w_corr - self.w_clean
-        self.batch, self.seq_len = batch, seq_len
+            return mask
+        for p in positions:
+            if not -seq_len <= p < seq_len:
+                raise BadInputError(f"position {p} is outside 0..{seq_len - 1}.")
+            mask[p] = True
+        if abl is not None and abl.kind == "position_mean" and bool(mask.all()):
+            raise BadInputError("position_mean needs at least one position left alone.")
+        return mask
+
+    @property
+    def first_position(self) -> int:
+        """The first position whose senders are corrupted (nothing before it changes)."""
+        return int(self.positions.nonzero()[0, 0])
 
     # ---- what senders write ------------------------------------------------------------
 
-    def _write_hooks(self, layers: Any) -> set[str]:
-        out = {act_name("resid_pre", 0)}
+    def _write_hooks(self, layers: Any) -> list[str]:
+        out = [Sender("embed").write_hook]
         for layer in layers:
-            out |= {act_name("result", layer), act_name("mlp_out", layer)}
+            out += [Sender("head", layer).write_hook, Sender("mlp", layer).write_hook]
             if self.post_norm:
-                out |= {act_name(f"ln1_post.{x}", layer)
-                        for x in ("hook_scale", "hook_normalized", "hook_out")}
+                out += [act_name(f"ln1_post.{x}", layer)
+                        for x in ("hook_scale", "hook_normalized", "hook_out")]
         return out
 
     def _norm_gains(self, acts: dict[str, Tensor]) -> dict[int, Tensor]:
@@ -203,49 +223,41 @@ class GraphRun:
 
     def head_writes(self, acts: dict[str, Tensor], layer: int) -> Tensor:
         """``[batch, pos, head, d_model]``: what each head of ``layer`` adds to the residual."""
-        result = acts[act_name("result", layer)]
+        result = acts[Sender("head", layer).write_hook]
         if not self.post_norm:
             return result
         scale = acts[act_name("ln1_post.hook_scale", layer)]
         return result / scale.unsqueeze(-1) * self.norm_gain[layer]
 
     def _writes(self, acts: dict[str, Tensor]) -> Float[Tensor, "batch pos sender d_model"]:
-        cols = [acts[act_name("resid_pre", 0)].unsqueeze(2)]
+        cols = [acts[Sender("embed").write_hook].unsqueeze(2)]
         for layer in range(self.graph.n_layers):
             cols.append(self.head_writes(acts, layer))
-            if any(s.kind == "mlp" and s.layer == layer for s in self.graph.senders):
-                cols.append(acts[act_name("mlp_out", layer)].unsqueeze(2))
+            if self._has_mlp(layer):
+                cols.append(acts[Sender("mlp", layer).write_hook].unsqueeze(2))
         return torch.cat(cols, 2)
+
+    def _has_mlp(self, layer: int) -> bool:
+        return any(s.kind == "mlp" and s.layer == layer for s in self.graph.senders)
 
     # ---- where receivers read ----------------------------------------------------------
 
-    def slots(self, layer_from: int = 0) -> list[_Slot]:
+    def slots(self, layer_from: int = 0) -> list[Slot]:
         """Every receiver hook from block ``layer_from`` on, in forward order."""
         g, out = self.graph, []
-        by_key: dict[tuple[str, int], list[int]] = {}
+        by_key: dict[tuple[str, int | None], list[int]] = {}
         for i, r in enumerate(g.receivers):
             by_key.setdefault((r.kind, r.layer), []).append(i)
         for layer in range(layer_from, g.n_layers):
             for kind in ("q", "k", "v"):
-                out.append(_Slot(act_name(f"hook_{kind}_input", layer),
-                                 by_key[(kind, layer)], True))
-            if (("mlp", layer)) in by_key:
-                out.append(_Slot(act_name("hook_mlp_in", layer), by_key[("mlp", layer)], False))
+                out.append(Slot(Receiver(kind, layer).read_hook, by_key[(kind, layer)], True))
+            if ("mlp", layer) in by_key:
+                out.append(Slot(Receiver("mlp", layer).read_hook, by_key[("mlp", layer)],
+                                False))
         metric_col = [len(g.receivers) - 1]
-        point = g.point
-        if point.kind == "attn":
-            out += [_Slot(act_name(f"hook_{k}_input", point.layer), metric_col, True, True)
-                    for k in ("q", "k", "v")]
-        else:
-            out.append(_Slot(act_name("resid_post", point.layer), metric_col, False))
+        at_attn = g.point.kind == "attn"
+        out += [Slot(hook, metric_col, at_attn, at_attn) for hook, _ in g.point.sites]
         return out
-
-    def n_senders_before(self, r: Receiver) -> int:
-        stage = self.graph.receiver_stage(r)
-        return sum(1 for s in self.graph.senders if s.stage < stage)
-
-    def start_layer(self, r: Receiver) -> int:
-        return r.layer if r.kind != "metric" else self.graph.point.layer
 
     # ---- runs --------------------------------------------------------------------------
 
@@ -259,193 +271,59 @@ class GraphRun:
         gradient of the metric at each receiver hook (and at ``pattern_layers``' attention
         patterns) and the senders' run deltas ``w_corr - w_run`` per hook (``keep_writes``).
         """
-        g = self.graph
         copies = coeffs.shape[0]
-        b = self.batch
-        coeffs = coeffs.to(self.delta.dtype)
-        # what senders wrote so far, in sender order: tensors [rows, pos, n, d_model], or
-        # (layer, raw head results) turned into writes once the post-norm's scale is known
-        written: list[Any] = [self.w_clean[:, :, :1].repeat(copies, 1, 1, 1)]  # embed
         grads: dict[str, Tensor] = {}
         deltas: dict[str, Tensor] = {}
-        w_corr = self.w_corr.repeat(copies, 1, 1, 1)
-        scales: dict[int, Tensor] = {}
-
-        def entry(i: int) -> Tensor:
-            """Entry ``i`` of ``written`` as writes (head results scaled once known)."""
-            w = written[i]
-            if isinstance(w, tuple):
-                layer, res = w
-                written[i] = w = res / scales[layer].unsqueeze(-1) * self.norm_gain[layer]
-            return w
-
-        def materialise() -> Tensor:
-            return torch.cat([entry(i) for i in range(len(written))], 2)
-
-        def on_result(layer: int) -> HookFn:
-            def hook(act: Tensor, hook: Any) -> None:
-                written.append((layer, act) if self.post_norm else act)
-            return hook
-
-        def on_scale(layer: int) -> HookFn:
-            def hook(act: Tensor, hook: Any) -> None:
-                scales[layer] = act
-            return hook
-
-        def on_mlp(layer: int) -> HookFn:
-            def hook(act: Tensor, hook: Any) -> None:
-                written.append(act.unsqueeze(2))
-            return hook
-
-        def columns(idx: list[int]) -> Tensor:
-            """The run's writes of senders ``idx`` (ascending), ``[rows, pos, len(idx), d]``,
-            without concatenating every sender's write (most coefficients are often 0)."""
-            out, first = [], 0
-            for i, w in enumerate(written):
-                size = (w[1] if isinstance(w, tuple) else w).shape[2]
-                sel = [j - first for j in idx if first <= j < first + size]
-                if sel:
-                    out.append(entry(i)[:, :, sel])
-                first += size
-            return torch.cat(out, 2)
-
-        def n_written() -> int:
-            return sum((w[1] if isinstance(w, tuple) else w).shape[2] for w in written)
-
-        def inject(slot: _Slot) -> HookFn:
-            # senders whose coefficient into this slot is non-zero in some copy: only their
-            # differences are injected (EAP runs with all zero, EAP-IG on inputs with one)
-            live = (coeffs[:, :, slot.cols] != 0).any(0).any(-1)
-
-            def hook(act: Tensor, hook: Any) -> Tensor:
-                if keep_writes:
-                    run_w = materialise()
-                    n_s = run_w.shape[2]
-                    d = w_corr[:, :, :n_s] - run_w
-                    idx = list(range(n_s))
-                else:
-                    n_s = n_written()
-                    idx = live[:n_s].nonzero().flatten().tolist()
-                    d = w_corr[:, :, idx] - columns(idx) if idx else None
-                    if d is None and not with_grad:
-                        return act
-                # a tensor of its own: q, k and v may read one tensor, and each slot's
-                # gradient must be its own reader's only
-                new = act.view_as(act)
-                if d is not None:
-                    c = coeffs[:, idx][:, :, slot.cols]  # [copies, u, v]
-                    inj = torch.einsum("cbsud,cuv->cbsvd",
-                                       d.view(copies, b, *d.shape[1:]), c).flatten(0, 1)
-                    new = act + (inj if slot.heads else inj[:, :, 0])
-                if with_grad:
-                    new.register_hook(lambda gr, name=slot.hook: grads.__setitem__(name, gr))
-                    if keep_writes:
-                        deltas[slot.hook] = d.detach()
-                    return new
-                return new if _own_copy(slot.hook) else write_in_place(act, new)
-            return hook
-
-        hooks: list[tuple[str, HookFn]] = []
-        for layer in range(g.n_layers):
-            if self.post_norm:
-                hooks.append((act_name("ln1_post.hook_scale", layer), on_scale(layer)))
-            hooks.append((act_name("result", layer), on_result(layer)))
-            if any(s.kind == "mlp" and s.layer == layer for s in g.senders):
-                hooks.append((act_name("mlp_out", layer), on_mlp(layer)))
-        hooks += [(s.hook, inject(s)) for s in self.slots()]
+        hooks = _CoeffHooks(self, coeffs.to(self.delta.dtype), with_grad, keep_writes,
+                            grads, deltas).hooks()
+        for layer in pattern_layers:
+            hooks.append((act_name("pattern", layer), _grad_keeper(grads,
+                                                                   act_name("pattern", layer))))
         resid0 = self.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
         if with_grad:
             resid0 = resid0.detach().clone().requires_grad_(True)
-        values, pattern_grads = self._forward(resid0, hooks, copies, with_grad,
-                                              pattern_layers)
-        if with_grad:
-            grads.update(pattern_grads)
-        return values, grads, deltas
-
-    def _forward(self, resid0: Tensor, hooks: list[tuple[str, HookFn]], copies: int,
-                 with_grad: bool, pattern_layers: Sequence[int] = ()
-                 ) -> tuple[Tensor, dict[str, Tensor]]:
-        """Forward from block 0 with ``hooks``; the metric per copy (and, with grad, its
-        gradient pulled back to every hooked tensor)."""
-        model = self.model
-        captured: dict[str, Tensor] = {}
-        final = engine.final_resid(model)
-        wanted = set(self.needs.hooks) | ({final} if isinstance(self.needs.logits, tuple)
-                                          else set())
-        pat: dict[str, Tensor] = {}
-        pgrads: dict[str, Tensor] = {}
-
-        def cap(name: str) -> HookFn:
-            def hook(act: Tensor, hook: Any) -> None:
-                captured[name] = act
-            return hook
-
-        def cap_pattern(name: str) -> HookFn:
-            def hook(act: Tensor, hook: Any) -> None:
-                pat[name] = act
-                if act.requires_grad:
-                    act.register_hook(lambda gr: pgrads.__setitem__(name, gr))
-            return hook
-
-        all_hooks = list(hooks) + [(h, cap(h)) for h in sorted(wanted)]
-        all_hooks += [(act_name("pattern", lay), cap_pattern(act_name("pattern", lay)))
-                      for lay in pattern_layers]
-        ctx = torch.enable_grad() if with_grad else torch.no_grad()
-        with ctx, graph_mode(model):
-            early = self.needs.logits != ALL
-            logits = run_from_layer(model, resid0, 0, fwd_hooks=all_hooks,
-                                    stop_after=tuple(sorted(wanted)) if early else ())
-            positions = self.needs.logits if isinstance(self.needs.logits, tuple) else None
-            if positions is not None:
-                logits = engine.unembed(model, captured[final][:, list(positions)])
-            b = self.batch
-            vals = []
-            for i in range(copies):
-                sel = slice(i * b, (i + 1) * b)
-                out = Outputs(self.seq_len, {h: captured[h][sel] for h in self.needs.hooks},
-                              None if logits is None or self.needs.logits is None
-                              else logits[sel], positions)
-                v = self.metric(out)
-                check_value(v.detach() if isinstance(v, Tensor) else v,
-                            "on the edge-patched run", self.metric)
-                vals.append(v)
-            values = torch.stack([torch.as_tensor(v) for v in vals])
+        with graph_mode(self.model):
+            vals = engine.run_patched(self.model, self.clean, [self.metric], self.needs,
+                                      resid0, 0, copies, hooks, stacked=True, grad=with_grad,
+                                      context="on the edge-patched run")[0]
+            values = torch.stack(vals)
             if with_grad:
                 torch.autograd.grad(values.sum(), [resid0], allow_unused=True)
-        return values.detach().double(), pgrads
+        return values.detach().double(), grads, deltas
 
     # ---- exact edge patches ------------------------------------------------------------
 
     def exact(self, edges: Int[Tensor, " n"] | Sequence[int], *, batch_size: int | None = None
               ) -> Float[Tensor, " n"]:
         """Metric with each edge alone corrupted (the receiver reads the corrupted sender),
-        one forward per batch of edges from the receiver's layer on."""
+        one forward per batch of edges from the receiver's layer on, recomputing only the
+        positions from the first corrupted one."""
         g = self.graph
         edges = [int(e) for e in edges]
         out = torch.empty(len(edges), dtype=torch.float64)
         by_start: dict[int, list[int]] = {}
         for i, e in enumerate(edges):
             r = g.receivers[int(g.dst[e])]
-            by_start.setdefault(self.start_layer(r), []).append(i)
+            by_start.setdefault(g.receiver_layer(r), []).append(i)
+        first = engine.reused_prefix(self.clean, self.first_position)
+        per = batch_size or plan.copies_per_batch(
+            self.model, self.batch, self.seq_len, first, plan.logit_positions(self.needs),
+            memory_budget=self.memory_budget)
         with torch.no_grad(), graph_mode(self.model):
             for start, idx in sorted(by_start.items()):
-                per = batch_size or engine.copies_per_batch(
-                    self.model, self.batch, self.seq_len, 0,
-                    -1 if self.needs.logits == ALL else len(self.needs.logits or ()),
-                    memory_budget=self.memory_budget)
                 for lo in range(0, len(idx), per):
                     chunk = idx[lo:lo + per]
-                    vals = self._exact_batch(start, [edges[i] for i in chunk])
-                    out[chunk] = vals
+                    out[chunk] = self._exact_batch(start, [edges[i] for i in chunk], first)
         return out
 
-    def _exact_batch(self, start: int, edges: list[int]) -> Tensor:
-        g, b, n = self.graph, self.batch, len(edges)
+    def _exact_batch(self, start: int, edges: list[int], first: int) -> Tensor:
+        g, b = self.graph, self.batch
         per_hook: dict[str, list[tuple[int, int | None, int]]] = {}
         for c, e in enumerate(edges):
             u, r = int(g.src[e]), g.receivers[int(g.dst[e])]
-            for hook, head in self._receiver_sites(r):
+            for hook, head in g.sites(r):
                 per_hook.setdefault(hook, []).append((c, head, u))
+        delta = self.delta[:, first:]  # the patched runs compute positions ``first..``
 
         def patch(items: list[tuple[int, int | None, int]]) -> HookFn:
             def hook(act: Tensor, hook: Any) -> Tensor:
@@ -453,32 +331,24 @@ class GraphRun:
                 for c, head, u in items:
                     rows = slice(c * b, (c + 1) * b)
                     if head is None:
-                        new[rows] += self.delta[:, :, u].unsqueeze(2) if new.ndim == 4 \
-                            else self.delta[:, :, u]
+                        new[rows] += delta[:, :, u].unsqueeze(2) if new.ndim == 4 \
+                            else delta[:, :, u]
                     else:
-                        new[rows, :, head] += self.delta[:, :, u]
+                        new[rows, :, head] += delta[:, :, u]
                 return new if _own_copy(hook.name) else write_in_place(act, new)
             return hook
 
         hooks = [(h, patch(items)) for h, items in per_hook.items()]
         resid = self.clean.acts[act_name("resid_pre", start)]
         vals = engine.run_patched(self.model, self.clean, [self.metric], self.needs, resid,
-                                  start, n, hooks, context="on the edge-patched run")
+                                  start, len(edges), hooks, first=first,
+                                  context="on the edge-patched run")
         return torch.stack(vals[0])
 
-    def _receiver_sites(self, r: Receiver) -> list[tuple[str, int | None]]:
-        """(hook, head index or None for every head / no head axis) where ``r`` reads."""
-        if r.kind in ("q", "k", "v"):
-            return [(act_name(f"hook_{r.kind}_input", r.layer), r.index)]
-        if r.kind == "mlp":
-            return [(act_name("hook_mlp_in", r.layer), None)]
-        point: MetricPoint = self.graph.point
-        if point.kind == "attn":
-            return [(act_name(f"hook_{k}_input", point.layer), None) for k in "qkv"]
-        return [(act_name("resid_post", point.layer), None)]
-
-    def all_corrupted_value(self) -> float:
-        """The metric with every edge corrupted (the corrupted run, or the ablated model)."""
+    @cached_property
+    def empty_value(self) -> float:
+        """The metric with every edge corrupted (the corrupted run, or the ablated model):
+        the 0 of faithfulness, computed once."""
         ones = self.graph.valid.to(self.delta.dtype).unsqueeze(0)
         return float(self.run_coeffs(ones)[0][0])
 
@@ -487,8 +357,8 @@ class GraphRun:
         (each copy holds the senders' corrupted writes, what they write in the run, their
         difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
         its activations)."""
-        budget = self.memory_budget or engine.DEFAULT_MEMORY_BUDGET
-        per = 4 * self.delta.numel() * self.delta.element_size() + engine.bytes_per_copy(
+        budget = self.memory_budget or plan.DEFAULT_MEMORY_BUDGET
+        per = 4 * self.delta.numel() * self.delta.element_size() + plan.bytes_per_copy(
             self.model, self.batch, self.seq_len, 0, -1)
         return max(1, min(32, budget // max(1, per)))
 
@@ -503,3 +373,114 @@ class GraphRun:
             coeffs = self.graph.dense((~rows).to(self.delta.dtype))
             out.append(self.run_coeffs(coeffs)[0])
         return torch.cat(out)
+
+
+def _grad_keeper(grads: dict[str, Tensor], name: str) -> HookFn:
+    """A hook that stores the gradient reaching the hooked activation (when it has one)."""
+    def hook(act: Tensor, hook: Any) -> None:
+        if act.requires_grad:
+            act.register_hook(lambda gr: grads.__setitem__(name, gr))
+    return hook
+
+
+class _CoeffHooks:
+    """The hooks of one :meth:`GraphRun.run_coeffs` call: they collect what each sender writes
+    as the run goes, and give each receiver slot its input plus ``sum_u C[u, v] * (w_u^corr -
+    w_u^run)`` (only the senders with a non-zero coefficient into the slot in some copy)."""
+
+    def __init__(self, run: GraphRun, coeffs: Tensor, with_grad: bool, keep_writes: bool,
+                 grads: dict[str, Tensor], deltas: dict[str, Tensor]) -> None:
+        self.run, self.coeffs = run, coeffs
+        self.with_grad, self.keep_writes = with_grad, keep_writes
+        self.grads, self.deltas = grads, deltas
+        self.copies = coeffs.shape[0]
+        # what senders wrote so far, in sender order: tensors [rows, pos, n, d_model], or
+        # (layer, raw head results) turned into writes once the post-norm's scale is known
+        self.written: list[Any] = [run.w_clean[:, :, :1].repeat(self.copies, 1, 1, 1)]
+        self.w_corr = run.w_corr.repeat(self.copies, 1, 1, 1)
+        self.scales: dict[int, Tensor] = {}
+
+    def hooks(self) -> list[tuple[str, HookFn]]:
+        run, out = self.run, []
+        for layer in range(run.graph.n_layers):
+            if run.post_norm:
+                out.append((act_name("ln1_post.hook_scale", layer), self._on_scale(layer)))
+            out.append((Sender("head", layer).write_hook, self._on_result(layer)))
+            if run._has_mlp(layer):
+                out.append((Sender("mlp", layer).write_hook, self._on_mlp()))
+        return out + [(s.hook, self._inject(s)) for s in run.slots()]
+
+    def _entry(self, i: int) -> Tensor:
+        """Entry ``i`` of ``written`` as writes (head results scaled once known)."""
+        w = self.written[i]
+        if isinstance(w, tuple):
+            layer, res = w
+            w = res / self.scales[layer].unsqueeze(-1) * self.run.norm_gain[layer]
+            self.written[i] = w
+        return w
+
+    @staticmethod
+    def _size(w: Any) -> int:
+        return int((w[1] if isinstance(w, tuple) else w).shape[2])
+
+    def _columns(self, idx: list[int]) -> Tensor:
+        """The run's writes of senders ``idx`` (ascending), ``[rows, pos, len(idx), d]``,
+        without concatenating every sender's write (most coefficients are often 0)."""
+        out, first = [], 0
+        for i, w in enumerate(self.written):
+            size = self._size(w)
+            sel = [j - first for j in idx if first <= j < first + size]
+            if sel:
+                out.append(self._entry(i)[:, :, sel])
+            first += size
+        return torch.cat(out, 2)
+
+    def _on_result(self, layer: int) -> HookFn:
+        def hook(act: Tensor, hook: Any) -> None:
+            self.written.append((layer, act) if self.run.post_norm else act)
+        return hook
+
+    def _on_scale(self, layer: int) -> HookFn:
+        def hook(act: Tensor, hook: Any) -> None:
+            self.scales[layer] = act
+        return hook
+
+    def _on_mlp(self) -> HookFn:
+        def hook(act: Tensor, hook: Any) -> None:
+            self.written.append(act.unsqueeze(2))
+        return hook
+
+    def _inject(self, slot: Slot) -> HookFn:
+        copies, b = self.copies, self.run.batch
+        # senders whose coefficient into this slot is non-zero in some copy: only their
+        # differences are injected (EAP runs with all zero, EAP-IG on inputs with one)
+        live = (self.coeffs[:, :, slot.cols] != 0).any(0).any(-1)
+
+        def hook(act: Tensor, hook: Any) -> Tensor:
+            if self.keep_writes:
+                run_w = torch.cat([self._entry(i) for i in range(len(self.written))], 2)
+                n_s = run_w.shape[2]
+                d: Tensor | None = self.w_corr[:, :, :n_s] - run_w
+                idx = list(range(n_s))
+            else:
+                n_s = sum(self._size(w) for w in self.written)
+                idx = live[:n_s].nonzero().flatten().tolist()
+                d = self.w_corr[:, :, idx] - self._columns(idx) if idx else None
+                if d is None and not self.with_grad:
+                    return act
+            # a tensor of its own: q, k and v may read one tensor, and each slot's
+            # gradient must be its own reader's only
+            new = act.view_as(act)
+            if d is not None:
+                c = self.coeffs[:, idx][:, :, slot.cols]  # [copies, u, v]
+                inj = torch.einsum("cbsud,cuv->cbsvd",
+                                   d.view(copies, b, *d.shape[1:]), c).flatten(0, 1)
+                new = act + (inj if slot.heads else inj[:, :, 0])
+            if self.with_grad:
+                new.register_hook(lambda gr, name=slot.hook: self.grads.__setitem__(name, gr))
+                if self.keep_writes:
+                    assert d is not None
+                    self.deltas[slot.hook] = d.detach()
+                return new
+            return new if _own_copy(slot.hook) else write_in_place(act, new)
+        return hook

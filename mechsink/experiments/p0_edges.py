@@ -115,7 +115,7 @@ def edge_part(
     return {"metric": f"massive channel {channel} at position 0 after block {layer}",
             "method": method, "settings": data["settings"], "graph": data["graph"],
             "clean_value": scores.clean_value,
-            "everything_ablated": {a: getattr(r, "_empty_value", None) for a, r in runs.items()},
+            "everything_ablated": {a: r.empty_value for a, r in runs.items()},
             "top_edges": data["edges"], "checks": data["checks"],
             "check_summary": data["check_summary"], "qk_fix": qk,
             "circuit": circuit.to_dict(), "node_circuit": members,

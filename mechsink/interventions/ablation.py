@@ -14,9 +14,7 @@ An ablation says what value replaces an activation that is "switched off". Four 
   ``rows[i]``, drawn uniformly with a seeded generator (Chan et al. 2022, "Causal
   Scrubbing"'s resampling ablation).
 
-``"mean"`` is accepted as an older spelling; what it means depends on the caller (patching:
-``batch_mean``; :func:`mechsink.interventions.edits.ablate`: ``position_mean``) and it is resolved
-by :func:`as_ablation`'s ``mean=`` argument. Activations are laid out ``[batch, pos, ...]``.
+Activations are laid out ``[batch, pos, ...]``.
 """
 
 from __future__ import annotations
@@ -90,22 +88,21 @@ class Ablation:
         return act[:, others].mean(1, keepdim=True).expand_as(act)
 
 
-def as_ablation(
-    spec: str | Ablation | None, *, mean: AblationKind = "batch_mean", seed: int = 0
-) -> Ablation | None:
-    """An :class:`Ablation` from a name (``"mean"`` is read as ``mean=``), or None for None."""
+def as_ablation(spec: str | Ablation | None, *, seed: int = 0) -> Ablation | None:
+    """An :class:`Ablation` from one of :data:`KINDS`' names, or None for None."""
     if spec is None or isinstance(spec, Ablation):
         return spec
     if not isinstance(spec, str):
         raise BadInputError(
             f"ablation must be a name or an Ablation, got {type(spec).__name__}."
         )
-    kind = mean if spec == "mean" else spec
-    if kind not in KINDS:
+    if spec not in KINDS:
+        hint = (" (a mean over the batch is batch_mean, over the other positions "
+                "position_mean)" if spec == "mean" else "")
         raise BadInputError(
-            f"unknown ablation {spec!r}: choose one of {', '.join(KINDS)} (or None)."
+            f"unknown ablation {spec!r}: choose one of {', '.join(KINDS)} (or None){hint}."
         )
-    return Ablation(kind, seed)  # type: ignore[arg-type]
+    return Ablation(spec, seed)  # type: ignore[arg-type]
 
 
 __all__ = ["KINDS", "Ablation", "AblationKind", "as_ablation"]

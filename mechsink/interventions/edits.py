@@ -31,16 +31,14 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import KINDS, as_ablation
 from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
-from mechsink.names import Name, parse_name
+from mechsink.names import KINDS as PLACE_KINDS
+from mechsink.names import UNIT_WORDS, Name, parse_name, unit_count
 
 HookFn = Callable[[Tensor, Any], Tensor]
 
-# hook suffix -> which axis holds heads / neurons / channels (after batch, pos)
-_UNIT_AXIS = {
-    "attn.hook_z": "head", "attn.hook_q": "head", "attn.hook_k": "head", "attn.hook_v": "head",
-    "mlp.hook_post": "neuron", "hook_resid_pre": "channel", "hook_resid_mid": "channel",
-    "hook_resid_post": "channel", "hook_attn_out": "channel", "hook_mlp_out": "channel",
-}
+# the kinds ablate edits: those of mechsink.names' table laid out [batch, pos, unit, ...]
+_ABLATABLE = {k.hook: k for k in PLACE_KINDS.values()
+              if k.in_block and k.unit and k.pos_dim == 1}
 
 
 @dataclass(frozen=True)
@@ -94,15 +92,6 @@ def _check_layer(model: Any, layer: int) -> None:
         )
 
 
-def _n_units(model: Any, site: str) -> int:
-    """How many heads / neurons / channels ``site`` has (KV heads for k and v)."""
-    if site in ("attn.hook_k", "attn.hook_v"):
-        return n_kv_heads(model)
-    if site.startswith("attn."):
-        return int(model.cfg.n_heads)
-    return int(model.cfg.d_mlp if site == "mlp.hook_post" else model.cfg.d_model)
-
-
 MODES = (*KINDS, "scale", "set")
 
 
@@ -131,9 +120,9 @@ def ablate(
     (multiply by ``scale``) or ``set`` (write ``value``, e.g. plant a massive channel).
     """
     name = parse_name(site, layer)
-    if name.relative not in _UNIT_AXIS:
+    if name.relative not in _ABLATABLE:
         raise BadInputError(
-            f"unknown site {site!r} for ablate: name one of {', '.join(_UNIT_AXIS)} (with "
+            f"unknown site {site!r} for ablate: name one of {', '.join(_ABLATABLE)} (with "
             "layer=), a full hook name (blocks.3.attn.hook_z) or a component (L3H5, L3N7, "
             "MLP3, ATTN3, resid3), optionally followed by @POS.")
     if name.layer is None:
@@ -142,7 +131,7 @@ def ablate(
     if name.unit is not None:
         if units is not None:
             raise BadInputError(f"{site!r} already names its unit: drop units=.")
-        units = [name.unit]
+        units = [name.unit_on(model)]  # L3H5.k: the KV head query head 5 reads
     if name.position is not None:
         if positions is not None:
             raise BadInputError(f"{site!r} already names its position: drop positions=.")
@@ -153,9 +142,10 @@ def ablate(
                 "batch_mean, over the batch)") if mode == "mean" else ""
         raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}{hint}.")
     _check_layer(model, layer)
-    n_units = _n_units(model, site)
+    axis = _ABLATABLE[site].unit
+    n_units = unit_count(model, _ABLATABLE[site].name)
     if units is not None and not all(0 <= u < n_units for u in units):
-        raise BadInputError(f"{_UNIT_AXIS[site]} index out of range in {list(units)}: "
+        raise BadInputError(f"{UNIT_WORDS[axis]} index out of range in {list(units)}: "
                             f"blocks.{layer}.{site} has {n_units}.")
     if positions is not None and (not positions or min(positions) < 0):
         raise BadInputError(f"positions must be non-negative and not empty, got "
@@ -188,7 +178,7 @@ def ablate(
     name = str(abl) if abl is not None else mode
     what = f"{name} ablation" + (f" x{scale}" if mode == "scale" else "") + (
         f" to {value}" if mode == "set" else "")
-    which = f"{_UNIT_AXIS[site]}s {list(units)}" if units is not None else "all units"
+    which = f"{UNIT_WORDS[axis]}s {list(units)}" if units is not None else "all units"
     pos = list(positions) if positions is not None else "all"
     hook = act_name(site, layer)
     return Intervention(hook, fn, f"{what} of {which} at positions {pos}, {hook}",

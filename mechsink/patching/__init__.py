@@ -1,8 +1,10 @@
 """Patching: exact batched activation patching, path patching, attribution patching.
 
-Sites say what to patch, metrics what to measure (logits or sink quantities), ablations
+Sites say what to patch, senders and receivers (:mod:`mechsink.patching.nodes`) which paths,
+metrics what to measure (logits or sink quantities), ablations
 (:mod:`mechsink.interventions.ablation`) what replaces a switched-off activation, and every sweep
-returns a :class:`PatchResult`. All three share :mod:`mechsink.patching.engine`. Draw a result with
+returns a :class:`PatchResult`. All three (and edge discovery) run the one loop of
+:mod:`mechsink.patching.engine`, batched by :mod:`mechsink.patching.plan`. Draw a result with
 :func:`mechsink.viz.patching.heatmap`.
 """
 
@@ -23,13 +25,14 @@ from mechsink.patching.metrics import (
     as_metric,
     parse_metric,
 )
-from mechsink.patching.path import parse_component, parse_receiver, path_patch
+from mechsink.patching.nodes import Receiver, Sender, parse_component, parse_receiver
+from mechsink.patching.path import path_patch
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 __all__ = [
     "Ablation", "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric",
-    "Needs",    "Outputs", "PatchResult", "ResidNorm", "Site", "SinkScore", "activation_patch",
-    "as_metric", "attribution_patch", "compare_to_exact", "parse_component", "parse_metric",
-    "parse_receiver", "parse_site", "path_patch",
+    "Needs", "Outputs", "PatchResult", "Receiver", "ResidNorm", "Sender", "Site", "SinkScore",
+    "activation_patch", "as_metric", "attribution_patch", "compare_to_exact", "parse_component",
+    "parse_metric", "parse_receiver", "parse_site", "path_patch",
 ]

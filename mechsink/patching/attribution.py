@@ -9,20 +9,23 @@ sweep with :func:`compare_to_exact` before trusting it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import scipy.stats
 import torch
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, run_from_layer, unembed
+from mechsink.model import act_name
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens
-from mechsink.patching.metrics import Metric, Outputs, check_value
+from mechsink.patching.metrics import Metric
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
+
+MetricLike = Metric | Callable[[Tensor], Tensor]
 
 
 def attribution_patch(
@@ -30,12 +33,16 @@ def attribution_patch(
     clean: TokensLike,
     corrupted: TokensLike,
     site: str | tuple[str, int] | Name | Site,
-    metric: Metric | Callable[[Tensor], Tensor],
+    metric: MetricLike | Sequence[MetricLike],
     *,
     direction: str = "denoise",
     prepend_bos: bool | None = None,
-) -> PatchResult:
-    """The linear estimate of ``activation_patch(...)`` over ``site``, same layout and labels."""
+) -> PatchResult | list[PatchResult]:
+    """The linear estimate of ``activation_patch(...)`` over ``site``, same layout and labels.
+
+    One forward of the run input (through :func:`~mechsink.patching.engine.run_patched`) and
+    one backward pass per metric; several metrics (a list) give a list of results.
+    """
     signature = "attribution_patch(model, clean, corrupted, site, metric, *, direction=...)"
     checks.check_inputs("attribution_patch", signature, clean=clean, corrupted=corrupted)
     checks.check_site_and_metric("attribution_patch", signature, site, metric)
@@ -51,69 +58,60 @@ def attribution_patch(
     with torch.no_grad():
         s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos,
                          keep={src_key: set(names), run_key: {act_name("resid_pre", 0)}})
-        checks.check_baselines(s.metrics[0], s.clean_values[0], s.corrupted_values[0],
-                               normalize=False)
+        for m, cv, xv in zip(s.metrics, s.clean_values, s.corrupted_values, strict=True):
+            checks.check_baselines(m, cv, xv, normalize=False)
     run = s.corrupted if direction == "denoise" else s.clean
     src = s.clean if direction == "denoise" else s.corrupted
     assert run is not None and src is not None
-    metric_, needs = s.metrics[0], s.needs
 
     acts: dict[str, Tensor] = {}
-    grads: dict[str, Tensor] = {}
-    captured: dict[str, Tensor] = {}
-    final = engine.final_resid(model)
 
     def keep(name: str, act: Tensor) -> Tensor:
         # a new tensor: bridge components use the hooked value only when it is a new object
-        out = act.clone()
-        acts[name] = out.detach()
-        out.register_hook(lambda g: grads.__setitem__(name, g.detach()))
-        return out
+        acts[name] = act.clone()
+        return acts[name]
 
-    hooks: list[tuple[str, Any]] = [
-        (n, lambda a, hook, n=n: keep(n, a)) for n in names
-    ]
-    wanted = set(needs.hooks) | ({final} if isinstance(needs.logits, tuple) else set())
-    hooks += [(h, lambda a, hook, h=h: captured.__setitem__(h, a)) for h in sorted(wanted)]
+    hooks = [(n, lambda a, hook, n=n: keep(n, a)) for n in names]
     resid = run.acts[act_name("resid_pre", 0)].detach().clone().requires_grad_(True)
-    with torch.enable_grad():
-        logits = run_from_layer(model, resid, 0, fwd_hooks=hooks)
-        positions = None
-        if isinstance(needs.logits, tuple):
-            positions = needs.logits
-            logits = unembed(model, captured[final][:, list(positions)])
-        out = Outputs(seq_len, {h: captured[h] for h in needs.hooks},
-                      None if needs.logits is None else logits, positions)
-        value = metric_(out)
-        check_value(value.detach() if isinstance(value, Tensor) else value, "on the run input",
-                    metric_)
-        value.backward()
-
+    values = [v[0] for v in engine.run_patched(model, run, s.metrics, s.needs, resid, 0, 1,
+                                               hooks, context="on the run input", grad=True)]
+    # a layer after the last one the metrics read is never reached (the forward stops there),
+    # and a layer a metric does not depend on gets no gradient: its estimate is the baseline
+    kept = [n for n in names if n in acts]
     axis_vals = site.axis_values()
     index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
-    result = torch.empty(tuple(len(v) for v in axis_vals.values()), dtype=torch.float64)
-    base = float(value.detach())
-    for layer, name in zip(layers, names, strict=True):
-        if name not in grads:  # the metric does not depend on this layer's activation
-            grads[name] = torch.zeros_like(acts[name])
-        contrib = ((src.acts[name] - acts[name]) * grads[name]).sum(0)  # sum over batch
-        for u in site.patches():
-            if u[0] != layer:
-                continue
-            m = site.mask(u, contrib.shape)
-            cell = tuple(w[x] for w, x in zip(index_of, u, strict=True))
-            result[cell] = base + float(contrib[m].sum())
-    clean_value, corr_value = s.clean_values[0], s.corrupted_values[0]
-    assert corr_value is not None
-    return PatchResult.from_site(
-        model, site, result, metric_name=metric_.name, clean_value=float(clean_value),
-        corrupted_value=float(corr_value), tokens=clean_t[0], direction=direction,
-        method="attribution",
-    )
+    results = []
+    for i, (m, value) in enumerate(zip(s.metrics, values, strict=True)):
+        got = torch.autograd.grad(value, [acts[n] for n in kept],
+                                  retain_graph=i < len(values) - 1,
+                                  allow_unused=True) if kept else ()
+        grads = dict(zip(kept, got, strict=True))
+        result = torch.empty(tuple(len(v) for v in axis_vals.values()), dtype=torch.float64)
+        base = float(value.detach())
+        for layer, name in zip(layers, names, strict=True):
+            grad = grads.get(name)
+            if grad is None:
+                contrib = torch.zeros_like(src.acts[name][0])
+            else:  # summed over the batch
+                contrib = ((src.acts[name] - acts[name].detach()) * grad).sum(0)
+            for u in site.patches():
+                if u[0] != layer:
+                    continue
+                cell = tuple(w[x] for w, x in zip(index_of, u, strict=True))
+                result[cell] = base + float(contrib[site.mask(u, contrib.shape)].sum())
+        corr_value = s.corrupted_values[i]
+        assert corr_value is not None
+        results.append(PatchResult.from_site(
+            model, site, result, metric_name=m.name, clean_value=float(s.clean_values[i]),
+            corrupted_value=float(corr_value), tokens=clean_t[0], direction=direction,
+            method="attribution",
+        ))
+    return results if isinstance(metric, (list, tuple)) else results[0]
 
 
 def compare_to_exact(approx: PatchResult, exact: PatchResult, *, top: int = 5) -> dict[str, Any]:
-    """Pearson and rank correlation of the effects, and the ``top`` worst disagreements.
+    """Pearson and Spearman rank correlation of the effects (scipy's), and the ``top`` worst
+    disagreements.
 
     Effects are values minus the run input's metric, so a constant offset does not count.
     """
@@ -126,15 +124,6 @@ def compare_to_exact(approx: PatchResult, exact: PatchResult, *, top: int = 5) -
     base = exact.corrupted_value if run else exact.clean_value
     a = (approx.values - base).flatten().double()
     e = (exact.values - base).flatten().double()
-
-    def corr(x: Tensor, y: Tensor) -> float:
-        x, y = x - x.mean(), y - y.mean()
-        den = float(x.norm() * y.norm())
-        return float((x * y).sum()) / den if den > 0 else float("nan")
-
-    def ranks(x: Tensor) -> Tensor:
-        return x.argsort().argsort().double()
-
     err = (a - e).abs()
     shape = exact.values.shape
     worst = []
@@ -143,6 +132,16 @@ def compare_to_exact(approx: PatchResult, exact: PatchResult, *, top: int = 5) -
         row = {k: exact.labels[k][j] for k, j in zip(exact.axes, idx, strict=True)}
         worst.append({**row, "approx": float(a[i]), "exact": float(e[i]), "error": float(err[i])})
     return {
-        "pearson": corr(a, e), "spearman": corr(ranks(a), ranks(e)),
+        "pearson": correlation(a, e, "pearson"), "spearman": correlation(a, e, "spearman"),
         "max_abs_error": float(err.max()), "worst": worst,
     }
+
+
+def correlation(a: Tensor, b: Tensor, kind: str = "spearman") -> float:
+    """scipy's Pearson or Spearman correlation of two 1-D tensors; NaN when there are fewer
+    than two values or one side is constant (nothing to correlate)."""
+    x, y = a.double().cpu().numpy(), b.double().cpu().numpy()
+    if x.size < 2 or x.min() == x.max() or y.min() == y.max():
+        return float("nan")
+    fn = scipy.stats.spearmanr if kind == "spearman" else scipy.stats.pearsonr
+    return float(fn(x, y)[0])

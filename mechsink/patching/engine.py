@@ -1,9 +1,12 @@
-"""The patching engine shared by activation, path and attribution patching.
+"""The patching engine shared by activation, path and attribution patching and edge discovery.
 
 One :class:`Setup` per call: the tokens (checked), the bound metrics and what they read
 (:class:`~mechsink.patching.metrics.Needs`), and one recorded run of each input (logits, the
-activations asked for, every layer's keys and values). :func:`run_patched` runs stacked copies
-of a residual from a layer with patch hooks and evaluates every metric on every copy.
+activations asked for, every layer's keys and values). :func:`run_patched` is the one loop
+every patching method runs: stacked copies of a residual from a layer with the caller's hooks,
+what the metrics read captured, every metric read per copy (with gradients on request, for
+attribution patching and edge attribution). How many copies go in one forward is planned by
+:mod:`mechsink.patching.plan`.
 
 Why it is fast: a patched run equals its source run upstream of the patch, so
 
@@ -13,7 +16,7 @@ Why it is fast: a patched run equals its source run upstream of the patch, so
   (causal masking leaves them unchanged), and activations the metric reads at positions
   ``< p`` are the recorded ones;
 - many patches are stacked in the batch of one forward, as many as the memory budget allows
-  (:func:`copies_per_batch`);
+  (:func:`mechsink.patching.plan.copies_per_batch`);
 - *staircase*: patches at different layers share one forward; each copy joins the batch at
   the block it patches (its residual there is the recorded one), so no copy recomputes the
   blocks upstream of its patch and the batch stays large;
@@ -40,35 +43,16 @@ from mechsink.model import (
     check_seq_len,
     check_tokens,
     hook_names,
-    n_kv_heads,
     run_from_layer,
     run_with_kv,
     to_tokens,
     unembed,
 )
+from mechsink.names import kind_of_hook
 from mechsink.patching.metrics import ALL, Metric, Needs, Outputs, as_metric, check_value, layer_of
 
 TokensLike = str | Sequence[str] | Tensor
 HookFn = Callable[..., Any]
-
-#: patched tokens per forward the engine aims for (CPU matmuls are efficient from about here;
-#: tuned on a 2-core CPU, see benchmarks/patching.py)
-DEFAULT_TOKENS_PER_BATCH = 512
-
-#: bytes of activations one patched forward may hold at once (the stacked residual, one
-#: block's transient activations, the cached keys/values and the logits it unembeds). 512 MiB
-#: keeps a SmolLM2-135M sweep (model ~0.5 GiB in float32) well under 3 GB.
-DEFAULT_MEMORY_BUDGET = 512 * 2**20
-
-#: a batch may mix patches at different positions (it then starts at the earliest) while it
-#: computes at most this many times the tokens the patches need by themselves
-MAX_RECOMPUTE = 2.0
-
-#: what one block call costs beyond its tokens (reading the block's weights, Python dispatch
-#: through the bridge), in layer-tokens of a large batch: the batching weighs it against the
-#: tokens that mixing positions recomputes. About 2-3 ms per SmolLM2 block on a 2-core CPU,
-#: at 17,000 layer-tokens/s (benchmarks/patching.py)
-BLOCK_CALL_COST = 48
 
 #: the speed ideas, switchable so benchmarks/patching.py can measure what each one buys
 SPEEDUPS = {"start_at_patched_layer": True, "early_stop": True, "prefix_reuse": True,
@@ -195,11 +179,6 @@ def outputs_of(model: Any, run: Run, needs: Needs) -> Outputs:
     return Outputs(run.seq_len, {h: run.acts[h] for h in needs.hooks}, logits, positions)
 
 
-def outputs_on(model: Any, tokens: Tensor, needs: Needs) -> Outputs:
-    """What a metric with ``needs`` sees on an unpatched run of ``tokens`` (one forward)."""
-    return outputs_of(model, record(model, tokens, names_for(model, needs)), needs)
-
-
 def names_for(model: Any, needs: Needs) -> set[str]:
     """The activations a run must keep so a metric with ``needs`` can be read from it."""
     names = set(needs.hooks)
@@ -285,11 +264,19 @@ def setup(
 
 def _position_axis(name: str) -> int:
     """Where a hook's activation holds positions (queries for attention patterns/scores)."""
-    return 2 if name.endswith(("hook_pattern", "hook_attn_scores")) else 1
+    kind = kind_of_hook(name)
+    return 1 if kind is None else kind.pos_dim
 
 
 def _repeat(t: Tensor, n: int) -> Tensor:
     return t if n == 1 else t.repeat(n, *[1] * (t.ndim - 1))
+
+
+def reused_prefix(base: Run, first: int) -> int:
+    """How many leading positions a patched run of patches at positions ``>= first`` takes
+    from ``base`` (its keys and values recorded) instead of computing them: ``first``, or 0
+    when the model records no keys/values (or prefix reuse is switched off)."""
+    return first if (first > 0 and base.kv is not None and SPEEDUPS["prefix_reuse"]) else 0
 
 
 def run_patched(
@@ -306,6 +293,7 @@ def run_patched(
     stacked: bool = False,
     joins: Sequence[int] | None = None,
     context: str = "",
+    grad: bool = False,
 ) -> list[list[Tensor]]:
     """Run ``n`` stacked copies of ``resid`` (the residual entering block ``start``) with
     ``hooks``; return ``values[metric][copy]``.
@@ -319,11 +307,16 @@ def run_patched(
     ``base`` is the unpatched run the copies equal upstream of the patch: hooks the metrics
     read before ``start`` come from it, and with ``first = p > 0`` (every patch at positions
     ``>= p``) only positions ``p..`` are computed; positions ``< p`` come from ``base``
-    (activations and keys/values). Patch hooks then see positions ``p..`` only. ``resid`` is
+    (activations and keys/values; see :func:`reused_prefix`). Patch hooks then see positions
+    ``p..`` only. ``resid`` is
     one copy (repeated here) or, with ``stacked``, already ``n`` copies (copy-major).
+
+    Values are float64 scalars, checked finite. With ``grad`` the forward records gradients
+    and each value is the metric's own 0-d tensor, for the caller's backward pass (``resid``
+    or the hooked activations should require grad).
     """
     batch, seq_len = base.batch, base.seq_len
-    p = first if (first > 0 and base.kv is not None and SPEEDUPS["prefix_reuse"]) else 0
+    p = reused_prefix(base, first)
     final = final_resid(model)
     captured: dict[str, Tensor] = {}
     joins = [start] * n if joins is None else list(joins)
@@ -345,19 +338,43 @@ def run_patched(
         wanted.add(final)
     rows = resid if stacked else _repeat(resid, joins.count(start))
     logits = None
-    if needs.logits == ALL or wanted:
-        early = needs.logits != ALL and SPEEDUPS["early_stop"]
-        prefix: tuple[Any, ...] | None = None
-        if p and base.kv is not None:
-            n_layers = int(model.cfg.n_layers)
-            prefix = (base.kv, p) if len(grow) == 0 else (
-                base.kv, p, [sum(j <= layer for j in joins) for layer in range(n_layers)])
-        logits = run_from_layer(
-            model, rows[:, p:], start,
-            fwd_hooks=grow + list(hooks) + [(h, capture_as(h)) for h in sorted(wanted)],
-            stop_after=tuple(sorted(wanted)) if early else (),
-            prefix=prefix,  # type: ignore[arg-type]
-        )
+    values: list[list[Tensor]] = [[] for _ in metrics]
+    with torch.enable_grad() if grad else torch.no_grad():
+        if needs.logits == ALL or wanted:
+            early = needs.logits != ALL and SPEEDUPS["early_stop"]
+            prefix: tuple[Any, ...] | None = None
+            if p and base.kv is not None:
+                n_layers = int(model.cfg.n_layers)
+                prefix = (base.kv, p) if len(grow) == 0 else (
+                    base.kv, p, [sum(j <= layer for j in joins) for layer in range(n_layers)])
+            logits = run_from_layer(
+                model, rows[:, p:], start,
+                fwd_hooks=grow + list(hooks) + [(h, capture_as(h)) for h in sorted(wanted)],
+                stop_after=tuple(sorted(wanted)) if early else (),
+                prefix=prefix,  # type: ignore[arg-type]
+            )
+        acts, logits = _complete(model, base, needs, captured, logits, before, joins, p)
+        for i in range(n):
+            sel = slice(i * batch, (i + 1) * batch)
+            out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
+                          None if logits is None or needs.logits is None else logits[sel],
+                          positions)
+            for j, metric in enumerate(metrics):
+                value = metric(out)
+                checked = check_value(value.detach() if isinstance(value, Tensor) else value,
+                                      f"{context} (patch {i})", metric)
+                values[j].append(torch.as_tensor(value) if grad else checked)
+    return values
+
+
+def _complete(
+    model: Any, base: Run, needs: Needs, captured: dict[str, Tensor], logits: Tensor | None,
+    before: set[str], joins: list[int], p: int,
+) -> tuple[dict[str, Tensor], Tensor | None]:
+    """What the metrics read, for every copy: the captured activations with the positions
+    ``< p`` and the copies that had not joined yet taken from ``base``, and the logits."""
+    n = len(joins)
+    final = final_resid(model)
     acts: dict[str, Tensor] = {}
     for h in needs.hooks:
         if h in before:
@@ -370,20 +387,14 @@ def run_patched(
             axis = _position_axis(h)
             got = torch.cat([_repeat(base.acts[h].narrow(axis, 0, p), present), got], axis)
         acts[h] = got if present == n else torch.cat([got, _repeat(base.acts[h], n - present)])
-    if positions is not None:
+    if isinstance(needs.logits, tuple):
         cols = [captured[final][:, q - p] if q >= p else _repeat(base.acts[final][:, q], n)
-                for q in positions]
+                for q in needs.logits]
         logits = unembed(model, torch.stack(cols, 1))
     elif needs.logits == ALL and p:
-        logits = torch.cat([_repeat(base.logits[:, :p], n), logits], 1)  # type: ignore[list-item]
-    values: list[list[Tensor]] = [[] for _ in metrics]
-    for i in range(n):
-        sel = slice(i * batch, (i + 1) * batch)
-        out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
-                      None if logits is None or needs.logits is None else logits[sel], positions)
-        for j, metric in enumerate(metrics):
-            values[j].append(check_value(metric(out), f"{context} (patch {i})", metric))
-    return values
+        logits = torch.cat([_repeat(base.logits[:, :p], n),  # type: ignore[index]
+                            logits], 1)  # type: ignore[list-item]
+    return acts, logits
 
 
 def _growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple[str, HookFn]]:
@@ -399,44 +410,6 @@ def _growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple
 
         hooks.append((name, append))
     return hooks
-
-
-def bytes_per_copy(model: Any, batch: int, seq_len: int, first: int, logit_positions: int) -> int:
-    """Peak activation bytes one stacked copy adds to a patched forward from ``first`` on.
-
-    Counts the copy's residual, one block's transient activations (queries/keys/values,
-    attention scores and pattern, MLP hidden), every layer's keys/values over the whole
-    sequence (the prefix cache grows to it) and the logits unembedded (``logit_positions``
-    per row; -1 = all suffix positions).
-    """
-    cfg = model.cfg
-    elt = torch.tensor([], dtype=getattr(cfg, "dtype", torch.float32)).element_size()
-    n_heads, d_head, d_model = int(cfg.n_heads), int(cfg.d_head), int(cfg.d_model)
-    d_mlp, n_layers, vocab = int(cfg.d_mlp or 4 * d_model), int(cfg.n_layers), int(cfg.d_vocab)
-    suffix = seq_len - first
-    per_token = 8 * d_model + 4 * n_heads * d_head + 2 * n_heads * seq_len + 3 * d_mlp
-    kv = 2 * n_layers * n_kv_heads(model) * d_head * seq_len
-    logits = vocab * (suffix if logit_positions < 0 else logit_positions)
-    return batch * elt * (suffix * per_token + kv + logits)
-
-
-def copies_per_batch(
-    model: Any,
-    batch: int,
-    seq_len: int,
-    first: int,
-    logit_positions: int,
-    *,
-    memory_budget: int | None = None,
-    tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
-) -> int:
-    """How many patches to stack in one forward: about ``tokens_per_batch`` patched tokens,
-    never more than ``memory_budget`` bytes of activations (at least one patch)."""
-    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget
-    suffix = max(1, seq_len - first)
-    by_tokens = max(1, tokens_per_batch // (batch * suffix))
-    by_memory = budget // max(1, bytes_per_copy(model, batch, seq_len, first, logit_positions))
-    return max(1, min(by_tokens, by_memory))
 
 
 def fill(

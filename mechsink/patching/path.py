@@ -30,19 +30,19 @@ Direction (``direction=``): ``"noise"`` (the default, as in ARENA's statement) r
 input with the senders' corrupted (or ablated) outputs; ``"denoise"`` runs the corrupted input
 with the senders' clean outputs and every other component frozen at its corrupted value.
 
-Senders and receivers are named in :mod:`mechsink.names`'s vocabulary (any number of digits;
-TransformerLens hook names work too). Senders: ``embed`` (the residual entering block 0),
-``L12H3`` (head), ``MLP12``, ``L12N345`` (neuron), ``ATTN12`` or ``blocks.12.attn.hook_z``
-(every head of block 12 together), ``blocks.12.hook_mlp_out``, each optionally ``@POS``.
-Receivers: ``L12H3.q`` / ``.k`` / ``.v`` (on GQA models the KV head of query head 3 for k/v;
-``blocks.12.attn.hook_k`` for every head), ``MLP12``, ``resid12`` (the residual entering block
-12; ``resid12@POS`` and ``resid12@POS:CHANNEL``; ``blocks.12.hook_resid_pre``) and ``metric``.
+Senders and receivers (:mod:`mechsink.patching.nodes`) are named in :mod:`mechsink.names`'s
+vocabulary (any number of digits; TransformerLens hook names work too). Senders: ``embed``
+(the residual entering block 0), ``L12H3`` (head), ``MLP12``, ``L12N345`` (neuron), ``ATTN12``
+or ``blocks.12.attn.hook_z`` (every head of block 12 together), ``blocks.12.hook_mlp_out``,
+each optionally ``@POS``. Receivers: ``L12H3.q`` / ``.k`` / ``.v`` (on GQA models the KV head
+of query head 3 for k/v; ``L12KV1.k`` names KV head 1 itself; ``blocks.12.attn.hook_k`` for
+every head), ``MLP12``, ``resid12`` (the residual entering block 12; ``resid12@POS`` and
+``resid12@POS:CHANNEL``; ``blocks.12.hook_resid_pre``) and ``metric``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -53,139 +53,36 @@ from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import (
     act_name,
     hook_names,
-    n_kv_heads,
     run_from_layer,
     scale_edits_expected,
     token_strings,
     write_in_place,
 )
-from mechsink.names import Name, explicit_bos, parse_name
-from mechsink.patching import checks, engine
+from mechsink.names import Name, explicit_bos
+from mechsink.patching import checks, engine, plan
 from mechsink.patching.engine import TokensLike
-from mechsink.patching.metrics import ALL, Metric
+from mechsink.patching.metrics import Metric
+from mechsink.patching.nodes import (
+    Receiver,
+    Sender,
+    parse_component,
+    parse_receiver,
+    sender_group,
+)
 from mechsink.patching.result import PatchResult
 
 HookFn = Callable[..., Any]
-
-@dataclass(frozen=True)
-class Component:
-    """A sender: ``kind`` in embed/head/mlp/neuron, its layer, head or neuron, optional pos."""
-
-    kind: str
-    layer: int = 0
-    index: int = 0
-    pos: int | None = None
-
-
-@dataclass(frozen=True)
-class Receiver:
-    """A receiver: ``kind`` in metric/q/k/v/mlp/resid, layer, head, pos and channel."""
-
-    kind: str
-    layer: int = 0
-    head: int | None = 0  # None: every head (q/k/v)
-    pos: int | None = None
-    channel: int | None = None
-
-
-def sender_group(spec: str | Name | Component, n_heads: int | None = None) -> list[Component]:
-    """The components one sender name stands for: one, or every head of a block
-    (``ATTN3``, ``blocks.3.attn.hook_z``; needs ``n_heads``)."""
-    if isinstance(spec, Component):
-        return [spec]
-    try:
-        name = parse_name(spec)
-    except BadInputError as exc:
-        raise BadInputError(f"unknown sender {spec!r}: write embed, L<layer>H<head>, "
-                            "ATTN<layer>, MLP<layer> or L<layer>N<neuron> (or a hook name, "
-                            "blocks.3.attn.hook_z), optionally followed by @<pos>.") from exc
-    pos = name.position
-    if name.kind in ("embed",) or (name.kind == "resid_pre" and name.layer == 0
-                                   and name.unit is None):
-        return [Component("embed", pos=pos)]
-    if name.layer is not None and name.unit is None and name.kind in ("z", "attn_out"):
-        if n_heads is None:
-            raise BadInputError(f"{spec!r} is every head of block {name.layer}: pass it to "
-                                "path_patch, or name one head (L3H5).")
-        return [Component("head", name.layer, h, pos) for h in range(n_heads)]
-    if name.layer is not None and name.kind == "z":
-        return [Component("head", name.layer, name.unit or 0, pos)]
-    if name.layer is not None and name.kind == "mlp_out" and name.unit is None:
-        return [Component("mlp", name.layer, 0, pos)]
-    if name.layer is not None and name.kind == "post":
-        if name.unit is None:  # every neuron of the block: the MLP's output
-            return [Component("mlp", name.layer, 0, pos)]
-        return [Component("neuron", name.layer, name.unit, pos)]
-    raise BadInputError(
-        f"{spec!r} ({name}) is not a sender: write embed, L<layer>H<head>, ATTN<layer>, "
-        "MLP<layer> or L<layer>N<neuron> (or their hook names, blocks.3.attn.hook_z, "
-        "blocks.3.hook_mlp_out), optionally followed by @<pos>.")
-
-
-def parse_component(spec: str | Name | Component) -> Component:
-    """A :class:`Component` from one sender name: ``embed``, ``L12H3``, ``MLP7``, ``L4N301``
-    (+ ``@pos``), or a hook name such as ``blocks.7.hook_mlp_out``."""
-    group = sender_group(spec)
-    if len(group) != 1:  # pragma: no cover - sender_group raises without n_heads
-        raise BadInputError(f"{spec!r} names several components.")
-    return group[0]
-
-
-def parse_receiver(spec: str | Name | Receiver) -> Receiver:
-    """A :class:`Receiver` from ``metric``, ``L12H3.q``, ``MLP7``, ``resid9@0:123`` or a hook
-    name (``blocks.12.attn.hook_k``: every head's key; ``blocks.9.hook_resid_pre``)."""
-    if isinstance(spec, Receiver):
-        return spec
-    if isinstance(spec, str) and spec.strip() == "metric":
-        return Receiver("metric")
-    try:
-        name = parse_name(spec)
-    except BadInputError as exc:
-        raise BadInputError(f"unknown receiver {spec!r}: write metric, L<layer>H<head>.q|k|v, "
-                            "MLP<layer> or resid<layer>[@pos[:channel]] (or a hook name, "
-                            "blocks.3.attn.hook_k).") from exc
-    if name.layer is not None:
-        if name.kind in ("q", "k", "v"):
-            return Receiver(name.kind, name.layer, name.unit, name.position)
-        if name.kind == "mlp_out" and name.unit is None:
-            return Receiver("mlp", name.layer, 0, name.position)
-        if name.kind == "resid_pre":
-            return Receiver("resid", name.layer, 0, name.position, name.unit)
-    raise BadInputError(
-        f"{spec!r} ({name}) is not a receiver: write metric, L<layer>H<head>.q|k|v, MLP<layer> "
-        "or resid<layer>[@pos[:channel]] (or their hook names, blocks.3.attn.hook_k, "
-        "blocks.3.hook_resid_pre).")
-
-
-def _check(model: Any, c: Component | Receiver, seq_len: int) -> None:
-    cfg = model.cfg
-    n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
-
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise BadInputError(f"{c}: {what} is out of range for this model/prompt.")
-
-    if c.kind != "metric":
-        need(0 <= c.layer < n_layers, f"layer {c.layer}")
-    if c.kind in ("head", "q", "k", "v"):
-        idx = c.index if isinstance(c, Component) else c.head
-        if idx is not None:
-            need(0 <= idx < n_heads, f"head {idx}")
-    if c.kind == "neuron":
-        need(0 <= c.index < int(cfg.d_mlp or 0), f"neuron {c.index}")
-    if c.pos is not None:
-        need(-seq_len <= c.pos < seq_len, f"position {c.pos}")
-    if isinstance(c, Receiver) and c.channel is not None:
-        need(0 <= c.channel < int(cfg.d_model), f"channel {c.channel}")
+MetricLike = Metric | Callable[[Tensor], Tensor]
+__all__ = ["SenderValues", "parse_component", "parse_receiver", "path_patch"]
 
 
 def path_patch(
     model: Any,
     clean: TokensLike,
     corrupted: TokensLike | None,
-    senders: Sequence[str | Component | Sequence[str | Component]],
+    senders: Sequence[str | Sender | Sequence[str | Sender]],
     receivers: Sequence[str | Receiver],
-    metric: Metric | Callable[[Tensor], Tensor] | Sequence[Metric | Callable[[Tensor], Tensor]],
+    metric: MetricLike | Sequence[MetricLike],
     *,
     direction: str = "noise",
     ablation: str | Ablation | None = None,
@@ -194,7 +91,7 @@ def path_patch(
     memory_budget: int | None = None,
     prepend_bos: bool | None = None,
     seed: int = 0,
-) -> Any:
+) -> PatchResult | list[PatchResult]:
     """Path-patch each sender (or group of senders) to ``receivers``; one value per entry.
 
     Returns a :class:`PatchResult` with axis ``sender``; ``clean_value``/``corrupted_value``
@@ -202,12 +99,12 @@ def path_patch(
     Several metrics (a list) share every forward and give a list of results, one per metric.
     ``direction``: ``"noise"`` (run clean, senders from corrupted/ablated; ARENA's path
     patching) or ``"denoise"`` (run corrupted, senders from clean; needs a corrupted input).
-    ``prepend_bos``: whether text inputs get BOS at position 0 (give it for text: leaving it
-    out is deprecated; token tensors are used as they are).
+    ``prepend_bos``: whether text inputs get BOS at position 0 (required for text; token
+    tensors are used as they are).
     ``ablation`` (:mod:`mechsink.interventions.ablation`, with ``corrupted=None``): ``"zero"``,
-    ``"batch_mean"`` (``"mean"``) over the clean batch, ``"position_mean"`` (the mean over the
-    positions the sender does not cover, so a sender needs ``@pos``) or ``"resample"`` (rows of
-    the clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
+    ``"batch_mean"`` over the clean batch, ``"position_mean"`` (the mean over the positions
+    the sender does not cover, so a sender needs ``@pos``) or ``"resample"`` (rows of the
+    clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
     many as ``memory_budget`` allows).
     """
     checks.check_inputs("path_patch", "path_patch(model, clean, corrupted or None, senders, "
@@ -221,101 +118,115 @@ def path_patch(
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="path_patch")
     if scales not in ("recomputed", "frozen"):
         raise BadInputError(f"scales must be 'recomputed' or 'frozen', got {scales!r}.")
-    abl = as_ablation(ablation, mean="batch_mean", seed=seed)
+    abl = as_ablation(ablation, seed=seed)
     if (abl is None) == (corrupted is None):
         raise BadInputError("give either a corrupted input or an ablation (corrupted=None), "
                             "not both and not neither.")
     engine.check_batch_size(batch_size)
-    if not senders:
-        raise BadInputError("no senders given.")
-    n_heads = int(model.cfg.n_heads)
-    groups = [sender_group(s, n_heads) if isinstance(s, (str, Component, Name)) else
-              [c for x in s for c in sender_group(x, n_heads)] for s in senders]
-    recvs = [parse_receiver(r) for r in receivers]
-    if not recvs:
-        raise BadInputError("no receivers given: pass e.g. ['metric'] or ['L5H1.v'].")
-    to_metric = any(r.kind == "metric" for r in recvs)
-    if to_metric and len(recvs) > 1:
-        raise BadInputError("'metric' as a receiver cannot be combined with other receivers.")
     clean_t = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
-    batch, seq_len = clean_t.shape
-    for c in [c for g in groups for c in g] + recvs:
-        _check(model, c, seq_len)
-    if abl is not None and abl.kind == "position_mean":
-        whole = sorted({_name(c) for g in groups for c in g if c.pos is None})
-        if whole or seq_len < 2:
-            raise BadInputError(
-                "position_mean ablation replaces a sender's output at its position by the mean "
-                f"over the other positions: give each sender a position (e.g. {whole[0]}@0)"
-                if whole else "position_mean ablation needs at least 2 positions.")
+    groups, recvs = _nodes(model, senders, receivers, abl, clean_t.shape[1])
     names = _cached_names(model, groups, recvs, scales)
     keep = {"clean": names} if corrupted is None else {"clean": names, "corrupted": names}
-    many = isinstance(metric, (list, tuple))
-
     with torch.no_grad():
         s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep)
-        base, source = (s.clean, s.corrupted) if direction == "noise" else (s.corrupted,
-                                                                            s.clean)
-        assert base is not None
-        clean_acts = base.acts  # the run's own activations (clean, or corrupted to denoise)
-        sender_source = SenderValues(clean_acts, None if source is None else source.acts, abl)
-        per_batch = batch_size or engine.copies_per_batch(
-            model, batch, seq_len, 0, -1 if s.needs.logits == ALL else len(s.needs.logits or ()),
+        per_batch = batch_size or plan.copies_per_batch(
+            model, s.batch, s.seq_len, 0, plan.logit_positions(s.needs),
             memory_budget=memory_budget)
-        # senders upstream of block L leave blocks < L at their clean values: batch groups by
-        # the first block they touch and start each forward there
-        order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
-        last_start = min((r.layer for r in recvs if r.kind != "metric"), default=None)
-        values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
-        with engine.progress(len(groups), "path patching") as bar, scale_edits_expected():
-            for lo in range(0, len(order), per_batch):
-                ids = order[lo:lo + per_batch]
-                chunk = [groups[i] for i in ids]
-                start = _first_block(chunk[0])
-                if last_start is not None:
-                    start = min(start, last_start)
-                freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, seq_len, scales)
-                if start == 0:
-                    resid = _embed_rows(chunk, clean_acts, sender_source, seq_len)
-                else:
-                    resid = clean_acts[act_name("resid_pre", start)].repeat(len(chunk), 1, 1)
-                if to_metric:
-                    got = engine.run_patched(model, base, s.metrics, s.needs, resid, start,
-                                             len(chunk), freeze, stacked=True,
-                                             context="on the path-patched run")
-                else:
-                    got = _through_receivers(model, s, base, recvs, chunk, freeze, resid,
-                                             start, seq_len)
-                for j, vals in enumerate(got):
-                    values[j].update(zip(ids, vals, strict=True))
-                bar.update(len(chunk))
-    labels = ["+".join(_name(c) for c in g) for g in groups]
+        values = _sweep(model, s, groups, recvs, direction, abl, scales, per_batch)
+    labels = ["+".join(c.name for c in g) for g in groups]
     results = [PatchResult(
         values=torch.stack([vals[i] for i in range(len(groups))]), axes=("sender",),
         labels={"sender": labels},
-        site="path:" + ",".join(_rname(r) for r in recvs), metric=m.name,
+        site="path:" + ",".join(r.name for r in recvs), metric=m.name,
         clean_value=float(cv), corrupted_value=None if xv is None else float(xv),
         tokens=token_strings(model, clean_t[0]),
         meta={"scales": scales, "direction": direction,
               "ablation": None if abl is None else str(abl)},
     ) for m, vals, cv, xv in zip(s.metrics, values, s.clean_values, s.corrupted_values,
                                  strict=True)]
-    return results if many else results[0]
+    return results if isinstance(metric, (list, tuple)) else results[0]
+
+
+def _nodes(
+    model: Any, senders: Sequence[Any], receivers: Sequence[Any], abl: Ablation | None,
+    seq_len: int,
+) -> tuple[list[list[Sender]], list[Receiver]]:
+    """The sender groups and receivers, checked against the model and prompt."""
+    if not senders:
+        raise BadInputError("no senders given.")
+    n_heads = int(model.cfg.n_heads)
+    groups = [sender_group(s, n_heads) if isinstance(s, (str, Sender, Name)) else
+              [c for x in s for c in sender_group(x, n_heads)] for s in senders]
+    recvs = [parse_receiver(r) for r in receivers]
+    if not recvs:
+        raise BadInputError("no receivers given: pass e.g. ['metric'] or ['L5H1.v'].")
+    if any(r.kind == "metric" for r in recvs) and len(recvs) > 1:
+        raise BadInputError("'metric' as a receiver cannot be combined with other receivers.")
+    for c in [c for g in groups for c in g] + recvs:
+        c.check(model, seq_len)
+    if abl is not None and abl.kind == "position_mean":
+        whole = sorted({c.name for g in groups for c in g if c.position is None})
+        if whole or seq_len < 2:
+            raise BadInputError(
+                "position_mean ablation replaces a sender's output at its position by the mean "
+                f"over the other positions: give each sender a position (e.g. {whole[0]}@0)"
+                if whole else "position_mean ablation needs at least 2 positions.")
+    return groups, recvs
+
+
+def _sweep(
+    model: Any, s: engine.Setup, groups: list[list[Sender]], recvs: list[Receiver],
+    direction: str, abl: Ablation | None, scales: str, per_batch: int,
+) -> list[dict[int, Tensor]]:
+    """Per metric, the path-patched value of each sender group (by its number)."""
+    base, source = (s.clean, s.corrupted) if direction == "noise" else (s.corrupted, s.clean)
+    assert base is not None
+    clean_acts = base.acts  # the run's own activations (clean, or corrupted to denoise)
+    sender_source = SenderValues(clean_acts, None if source is None else source.acts, abl)
+    seq_len = s.seq_len
+    # senders upstream of block L leave blocks < L at their clean values: batch groups by
+    # the first block they touch and start each forward there
+    order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
+    last_start = min((r.layer for r in recvs if r.layer is not None), default=None)
+    values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
+    with engine.progress(len(groups), "path patching") as bar, scale_edits_expected():
+        for lo in range(0, len(order), per_batch):
+            ids = order[lo:lo + per_batch]
+            chunk = [groups[i] for i in ids]
+            start = _first_block(chunk[0])
+            if last_start is not None:
+                start = min(start, last_start)
+            freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, seq_len, scales)
+            if start == 0:
+                resid = _embed_rows(chunk, clean_acts, sender_source, seq_len)
+            else:
+                resid = clean_acts[act_name("resid_pre", start)].repeat(len(chunk), 1, 1)
+            if last_start is None:  # the receiver is the metric: the senders' direct effect
+                got = engine.run_patched(model, base, s.metrics, s.needs, resid, start,
+                                         len(chunk), freeze, stacked=True,
+                                         context="on the path-patched run")
+            else:
+                got = _through_receivers(model, s, base, recvs, chunk, freeze, resid,
+                                         start, seq_len)
+            for j, vals in enumerate(got):
+                values[j].update(zip(ids, vals, strict=True))
+            bar.update(len(chunk))
+    return values
 
 
 def _through_receivers(
     model: Any, s: engine.Setup, base: engine.Run, recvs: list[Receiver],
-    chunk: list[list[Component]], freeze: list[tuple[str, HookFn]], resid: Tensor, start: int,
+    chunk: list[list[Sender]], freeze: list[tuple[str, HookFn]], resid: Tensor, start: int,
     seq_len: int,
 ) -> list[list[Tensor]]:
     """Step 1 (record the receivers' inputs on the sender run) and step 2 (the ``base`` run
     with only those inputs replaced), for one batch of sender groups."""
     recorded: dict[str, Tensor] = {}
-    hooks = [_recv_hook(r) for r in recvs]
+    hooks = [r.hook for r in recvs]
     rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
     # record before freezing: recorders registered first see the computed values
     run_from_layer(model, resid, start, fwd_hooks=rec + freeze, stop_after=set(hooks))
-    start = min(r.layer for r in recvs)
+    start = min(r.layer for r in recvs if r.layer is not None)
     patch = [(h, _receiver_patch(model, r, recorded[h], seq_len))
              for r, h in zip(recvs, hooks, strict=True)]
     return engine.run_patched(model, base, s.metrics, s.needs,
@@ -323,20 +234,20 @@ def _through_receivers(
                               patch, context="on the receiver run")
 
 
-def _first_block(group: list[Component]) -> int:
+def _first_block(group: list[Sender]) -> int:
     """The first block a sender group changes (0 for the embedding)."""
-    return min(0 if c.kind == "embed" else c.layer for c in group)
+    return min(c.block for c in group)
 
 
 def _cached_names(
-    model: Any, groups: list[list[Component]], recvs: list[Receiver], scales: str
+    model: Any, groups: list[list[Sender]], recvs: list[Receiver], scales: str
 ) -> set[str]:
     """Activations path patching reads from the clean (and corrupted) run."""
     n_layers = int(model.cfg.n_layers)
     names = {act_name("resid_pre", layer) for layer in range(n_layers)}
-    for layer in range(n_layers):
-        names |= {act_name("z", layer), act_name("mlp_out", layer)}
-    names |= {act_name("post", c.layer) for g in groups for c in g if c.kind == "neuron"}
+    for layer in range(n_layers):  # what every head and MLP computes: frozen or sent
+        names |= {Sender("head", layer).hook, Sender("mlp", layer).hook}
+    names |= {c.hook for g in groups for c in g if c.kind == "neuron"}
     if scales == "frozen":
         known = hook_names(model)
         names |= {n for n in _scale_names(model) if n in known}
@@ -367,33 +278,6 @@ class SenderValues:
         return self.ablation.values(self.clean[name], ablated)
 
 
-def _name(c: Component) -> str:
-    base = {"embed": "embed", "head": f"L{c.layer}H{c.index}", "mlp": f"MLP{c.layer}",
-            "neuron": f"L{c.layer}N{c.index}"}[c.kind]
-    return base if c.pos is None else f"{base}@{c.pos}"
-
-
-def _rname(r: Receiver) -> str:
-    if r.kind == "metric":
-        return "metric"
-    if r.kind in "qkv":
-        if r.head is None:
-            return act_name(f"attn.hook_{r.kind}", r.layer)
-        return f"L{r.layer}H{r.head}.{r.kind}"
-    if r.kind == "mlp":
-        return f"MLP{r.layer}"
-    tail = "" if r.pos is None else f"@{r.pos}" + ("" if r.channel is None else f":{r.channel}")
-    return f"resid{r.layer}{tail}"
-
-
-def _recv_hook(r: Receiver) -> str:
-    if r.kind in ("q", "k", "v"):
-        return act_name(f"attn.hook_{r.kind}", r.layer)
-    if r.kind == "mlp":
-        return act_name("mlp_out", r.layer)
-    return act_name("resid_pre", r.layer)
-
-
 def _recorder(store: dict[str, Tensor], name: str) -> HookFn:
     def hook(act: Tensor, hook: Any) -> None:
         store[name] = act.clone()
@@ -407,16 +291,12 @@ def _pos_index(pos: int | None, seq_len: int) -> Any:
 
 def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int) -> HookFn:
     """Overwrite the receiver's slice with its value from the sender run (per stacked copy)."""
-    p = _pos_index(r.pos, seq_len)
-    if r.kind in ("q", "k", "v"):
-        group = int(model.cfg.n_heads) // n_kv_heads(model)
-        head: Any = slice(None) if r.head is None else (
-            r.head if r.kind == "q" else r.head // group)
-        index: tuple[Any, ...] = (slice(None), p, head)
-    elif r.kind == "mlp":
-        index = (slice(None), p)
+    p = _pos_index(r.position, seq_len)
+    unit = r.index_on(model)  # q: the head; k/v: the KV head; resid: the channel
+    if r.kind == "mlp" or unit is None:
+        index: tuple[Any, ...] = (slice(None), p)
     else:
-        index = (slice(None), p) if r.channel is None else (slice(None), p, r.channel)
+        index = (slice(None), p, unit)
 
     def hook(act: Tensor, hook: Any) -> Tensor:
         new = act.clone()
@@ -427,7 +307,7 @@ def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int) -> 
 
 
 def _embed_rows(
-    chunk: list[list[Component]], clean: dict[str, Tensor], sender_value: SenderValues,
+    chunk: list[list[Sender]], clean: dict[str, Tensor], sender_value: SenderValues,
     seq_len: int,
 ) -> Tensor:
     """Residual entering block 0 per stacked copy: the sender value where ``embed`` sends."""
@@ -437,14 +317,14 @@ def _embed_rows(
         row = clean[name].clone()
         for c in group:
             if c.kind == "embed":
-                p = _pos_index(c.pos, seq_len)
-                row[:, p] = sender_value(name, c.pos, seq_len)[:, p]
+                p = _pos_index(c.position, seq_len)
+                row[:, p] = sender_value(name, c.position, seq_len)[:, p]
         rows.append(row)
     return torch.cat(rows)
 
 
 def _stack(
-    name: str, chunk: list[list[Component]], kind: str, layer: int, clean: dict[str, Tensor],
+    name: str, chunk: list[list[Sender]], kind: str, layer: int, clean: dict[str, Tensor],
     sender_value: SenderValues, seq_len: int,
 ) -> tuple[Tensor, Tensor] | None:
     """Per copy: the clean activation with the senders' values written in, and where they
@@ -459,16 +339,16 @@ def _stack(
         for c in group:
             if c.kind != kind or c.layer != layer:
                 continue
-            p = _pos_index(c.pos, seq_len)
+            p = _pos_index(c.position, seq_len)
             index: tuple[Any, ...] = (slice(None), p) if kind == "mlp" else (
                 slice(None), p, c.index)
-            base[i][index] = sender_value(name, c.pos, seq_len)[index]
+            base[i][index] = sender_value(name, c.position, seq_len)[index]
             where_sent[i][index] = True
     return base, where_sent
 
 
 def _freeze_hooks(
-    model: Any, chunk: list[list[Component]], clean: dict[str, Tensor],
+    model: Any, chunk: list[list[Sender]], clean: dict[str, Tensor],
     sender_value: SenderValues, seq_len: int, scales: str,
 ) -> list[tuple[str, HookFn]]:
     """Hooks that put senders at their sender values and freeze every other component at its
@@ -476,20 +356,20 @@ def _freeze_hooks(
     n = len(chunk)
     hooks: list[tuple[str, HookFn]] = []
     for layer in range(int(model.cfg.n_layers)):
-        z = act_name("z", layer)
+        z = Sender("head", layer).hook
         stacked = _stack(z, chunk, "head", layer, clean, sender_value, seq_len)
         hooks.append((z, _mix(None, stacked[0] if stacked else None, clean[z], n)))
         # neurons: in copies with a neuron sender here, the other neurons are frozen clean
         has_neuron = torch.tensor([any(c.kind == "neuron" and c.layer == layer for c in g)
                                    for g in chunk])
-        post = act_name("post", layer)
+        post = Sender("neuron", layer).hook
         if bool(has_neuron.any()):
             stacked = _stack(post, chunk, "neuron", layer, clean, sender_value, seq_len)
             assert stacked is not None
             keep = (~has_neuron).reshape(n, *[1] * clean[post].ndim)
             hooks.append((post, _mix(keep, stacked[0], clean[post], n)))
         # MLP output: the sender value for MLP senders, recomputed for neuron senders, else clean
-        out = act_name("mlp_out", layer)
+        out = Sender("mlp", layer).hook
         stacked = _stack(out, chunk, "mlp", layer, clean, sender_value, seq_len)
         keep = has_neuron.reshape(n, *[1] * clean[out].ndim)
         if stacked is not None:

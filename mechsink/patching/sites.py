@@ -24,25 +24,14 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, n_kv_heads
-from mechsink.names import deprecated, parse_name
+from mechsink.names import KINDS, UNIT_WORDS, Name, axis_size, kv_head_of, parse_name
 
-# kind -> hook name inside a block (full names through mechsink.model.bridge.act_name)
-HOOKS: dict[str, str] = {
-    "resid_pre": "hook_resid_pre",
-    "resid_mid": "hook_resid_mid",
-    "resid_post": "hook_resid_post",
-    "attn_out": "hook_attn_out",
-    "mlp_out": "hook_mlp_out",
-    "z": "attn.hook_z",
-    "q": "attn.hook_q",
-    "k": "attn.hook_k",
-    "v": "attn.hook_v",
-    "pattern": "attn.hook_pattern",
-    "neuron": "mlp.hook_post",
-}
-RESID_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out")
-HEAD_KINDS = ("z", "q", "k", "v")
+#: what a site can patch: :data:`mechsink.names.KINDS`'s kinds (``"neuron"`` is the site word
+#: for ``post``, the MLP's neurons at ``mlp.hook_post``)
+SITE_KINDS = ("resid_pre", "resid_mid", "resid_post", "attn_out", "mlp_out", "z", "q", "k", "v",
+              "pattern", "neuron")
+_NAMES_KIND = {"neuron": "post"}
+_SITE_KIND = {v: k for k, v in _NAMES_KIND.items()}
 GRANULARITIES = ("all_pos", "by_pos", "dest_src")
 
 # axis layout per (kind family, granularity): matches transformer_lens.patching's outputs
@@ -60,11 +49,13 @@ _AXES: dict[tuple[str, str], tuple[str, ...]] = {
 
 
 def _family(kind: str) -> str:
-    if kind in RESID_KINDS:
+    """``resid`` (whole d_model vectors), ``head``, ``pattern`` or ``neuron``, from the table."""
+    k = KINDS[_NAMES_KIND.get(kind, kind)]
+    if k.unit == "channel":
         return "resid"
-    if kind in HEAD_KINDS:
-        return "head"
-    return kind
+    if k.pos_dim != 1:
+        return "pattern"
+    return "neuron" if k.unit == "neuron" else "head"
 
 
 @dataclass(frozen=True)
@@ -73,10 +64,11 @@ class Site:
 
     ``granularity``: ``"by_pos"`` (one patch per position, the default), ``"all_pos"`` (every
     position at once) or, for ``pattern`` only, ``"dest_src"`` (one patch per query/key pair).
-    ``layers``/``units``/``positions``: None = all. ``units`` are heads (``z``, ``q``, ``k``,
-    ``v``, ``pattern``; KV heads for ``k``/``v`` on GQA models) or neurons (``neuron``).
-    Negative positions count from the end. ``heads=``/``neurons=`` are the old names of
-    ``units=`` (deprecated, one release).
+    ``layers``/``units``/``positions``: None = all. ``units`` lie on the kind's unit axis
+    (:data:`mechsink.names.KINDS`): heads (``z``, ``q``, ``pattern``), KV heads (``k``, ``v``;
+    fewer than heads on GQA models) or neurons (``neuron``). ``via_head``: the units of a
+    ``k``/``v`` site are query heads, each standing for the KV head it reads (``"L3H5.k"``).
+    Negative positions count from the end.
     """
 
     kind: str
@@ -84,23 +76,13 @@ class Site:
     layers: tuple[int, ...] | None = None
     units: tuple[int, ...] | None = None
     positions: tuple[int, ...] | None = None
-    heads: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
-    neurons: tuple[int, ...] | None = field(default=None, compare=False, repr=False)
+    via_head: bool = False
     _resolved: dict[str, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for old in ("heads", "neurons"):
-            value = getattr(self, old)
-            if value is None:
-                continue
-            deprecated(f"Site({old}=...)", "Site(units=...)", stacklevel=5)
-            if self.units is not None:
-                raise BadInputError(f"give units= only ({old}= is its old name).")
-            object.__setattr__(self, "units", value)
-            object.__setattr__(self, old, None)
-        if self.kind not in HOOKS:
+        if self.kind not in SITE_KINDS:
             raise BadInputError(
-                f"unknown site {self.kind!r}: choose one of {', '.join(HOOKS)}."
+                f"unknown site {self.kind!r}: choose one of {', '.join(SITE_KINDS)}."
             )
         if self.granularity not in GRANULARITIES:
             raise BadInputError(
@@ -128,9 +110,14 @@ class Site:
         """A short name such as ``z_by_pos`` (used in results and file names)."""
         return f"{self.kind}_{self.granularity}"
 
+    @property
+    def names_kind(self) -> str:
+        """The kind in :data:`mechsink.names.KINDS` (``post`` for the ``neuron`` site)."""
+        return _NAMES_KIND.get(self.kind, self.kind)
+
     def hook_name(self, layer: int) -> str:
         """The hook this site patches at ``layer``."""
-        return act_name(HOOKS[self.kind], layer)
+        return Name(self.names_kind, layer).hook
 
     def first_position(self, unit: tuple[int, ...]) -> int:
         """The earliest sequence position ``unit`` patches (0 when it patches every one).
@@ -151,16 +138,16 @@ class Site:
         Raises :class:`BadInputError` naming the first out-of-range index.
         """
         cfg = model.cfg
-        n_heads = n_kv_heads(model) if self.kind in ("k", "v") else int(cfg.n_heads)
-        head_word = "KV head" if self.kind in ("k", "v") and n_heads != cfg.n_heads else "head"
-        d_mlp = int(cfg.d_mlp or 0)
+        own = KINDS[self.names_kind].unit or "channel"
+        # units named by query heads are checked as heads, then become the KV heads they read
+        unit_axis = "head" if self.via_head and self.units is not None else own
         ranges = {
             "layer": ("layers", int(cfg.n_layers), "layer"),
-            "head": ("units", n_heads, head_word),
+            "head": ("units", axis_size(model, unit_axis), UNIT_WORDS[unit_axis]),
             "pos": ("positions", seq_len, "position"),
             "dest_pos": ("positions", seq_len, "position"),
             "src_pos": ("positions", seq_len, "position"),
-            "neuron": ("units", d_mlp, "neuron"),
+            "neuron": ("units", axis_size(model, "neuron"), "neuron"),
         }
         resolved: dict[str, tuple[int, ...]] = {}
         needed = set(self.axes)
@@ -183,6 +170,8 @@ class Site:
                         f"{size} {word}s, numbered 0..{size - 1})."
                     )
                 out.append(w)
+            if axis == "head" and unit_axis != own:
+                out = list(dict.fromkeys(kv_head_of(model, h) for h in out))
             resolved[axis] = tuple(out)
         if self.units is not None and not {"head", "neuron"} & set(self.axes):
             raise BadInputError(f"site {self.label} has no unit axis (heads or neurons): "
@@ -231,11 +220,8 @@ class Site:
         return m
 
 
-_GRAN_RE = re.compile(r"^(?P<base>.+?)(?P<sep>[_:@])(?P<gran>by_pos|all_pos|all|pos|dest_src)$")
-# mechsink-only site words of earlier releases -> the name they stand for
-_OLD_KINDS = {"head": "z", "attn_head": "z", "neurons": "neuron"}
-# Name.kind (TransformerLens's short name) -> Site.kind
-_SITE_KIND = {"post": "neuron"}
+_GRAN_RE = re.compile(r"^(?P<base>.+?)_(?P<gran>by_pos|all_pos|dest_src)$")
+_RESTRICTIONS = ("layers", "units", "positions")
 
 
 def parse_site(spec: Any, **restrict: Any) -> Site:
@@ -247,6 +233,11 @@ def parse_site(spec: Any, **restrict: Any) -> Site:
     (``mlp.hook_post``). ``restrict``: ``layers``, ``units``, ``positions`` (the name's own
     layer/unit/position must not also be given there).
     """
+    unknown = sorted(set(restrict) - set(_RESTRICTIONS))
+    if unknown:
+        raise BadInputError(f"parse_site: unknown restriction {', '.join(unknown)}=: restrict a "
+                            "site with layers=, units= (heads, KV heads or neurons) or "
+                            "positions=.")
     if isinstance(spec, Site):
         return replace(spec, **restrict) if restrict else spec
     gran = "by_pos"
@@ -256,37 +247,27 @@ def parse_site(spec: Any, **restrict: Any) -> Site:
         m = _GRAN_RE.match(base)
         if m is not None:
             base, gran = m["base"], m["gran"]
-            canonical = {"all": "all_pos", "pos": "by_pos"}.get(gran, gran)
-            if m["sep"] != "_" or gran != canonical:
-                deprecated(f"site {spec!r}", f"{base}_{canonical!s}")
-            gran = canonical
-        if base.lower() in _OLD_KINDS:
-            new = _OLD_KINDS[base.lower()]
-            deprecated(f"site {base!r}", repr(new if new != "z" else "z (or attn.hook_z)"))
-            base = new
     if base == "neuron":
-        kind, name = "neuron", None
-    else:
-        try:
-            name = parse_name(base)
-        except BadInputError as exc:
-            raise BadInputError(
-                f"unknown site {spec!r}: choose one of {', '.join(HOOKS)} (or any hook name: "
-                "attn.hook_z, blocks.3.hook_mlp_out, L3H5@0, MLP3, ...), optionally followed by "
-                "_by_pos, _all_pos or (pattern only) _dest_src."
-            ) from exc
-        kind = _SITE_KIND.get(name.kind, name.kind)
-        if kind not in HOOKS:
-            raise BadInputError(
-                f"{spec!r} names {name.hook_at(name.layer or 0)}, which is not a patching "
-                f"site: choose one of {', '.join(HOOKS)}.")
-    if name is not None:
-        for attr, value in (("layers", name.layer), ("units", name.unit),
-                            ("positions", name.position)):
-            if value is None:
-                continue
-            if restrict.get(attr) is not None and tuple(restrict[attr]) != (value,):
-                raise BadInputError(f"site {spec!r} already names its {attr[:-1]} ({value}): "
-                                    f"drop {attr}= or the {attr[:-1]} in the name.")
-            restrict[attr] = (value,)
-    return Site(kind, gran, **restrict)
+        return Site("neuron", gran, **restrict)
+    try:
+        name = parse_name(base)
+    except BadInputError as exc:
+        raise BadInputError(
+            f"unknown site {spec!r}: choose one of {', '.join(SITE_KINDS)} (or any hook name: "
+            "attn.hook_z, blocks.3.hook_mlp_out, L3H5@0, MLP3, ...), optionally followed by "
+            "_by_pos, _all_pos or (pattern only) _dest_src."
+        ) from exc
+    kind = _SITE_KIND.get(name.kind, name.kind)
+    if kind not in SITE_KINDS:
+        raise BadInputError(
+            f"{spec!r} names {name.hook_at(name.layer or 0)}, which is not a patching "
+            f"site: choose one of {', '.join(SITE_KINDS)}.")
+    for attr, value in (("layers", name.layer), ("units", name.unit),
+                        ("positions", name.position)):
+        if value is None:
+            continue
+        if restrict.get(attr) is not None and tuple(restrict[attr]) != (value,):
+            raise BadInputError(f"site {spec!r} already names its {attr[:-1]} ({value}): "
+                                f"drop {attr}= or the {attr[:-1]} in the name.")
+        restrict[attr] = (value,)
+    return Site(kind, gran, via_head=name.via_head, **restrict)

@@ -4,7 +4,8 @@ from a model; matplotlib only, so they work offline).
 :func:`draw_circuit`: nodes by layer (embedding, each layer's heads, its MLP, the metric),
 an edge per kept edge, width by |score|, colour by the receiving input (query, key, value,
 MLP, metric), dashed when the score is negative. :func:`draw_curves`: faithfulness against
-edges kept per ablation, each with its random-circuit band.
+edges kept per ablation, each with its random-circuit band. :func:`draw_discovery`: both,
+from a folder :meth:`mechsink.discover.Discovery.save` wrote.
 """
 
 from __future__ import annotations
@@ -132,3 +133,16 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
             fig.suptitle(title)
         fig.tight_layout()
         return Path(save(fig, Path(path)))
+
+
+def draw_discovery(folder: str | Path) -> list[Path]:
+    """``circuit.png`` and (when there are curves) ``faithfulness.png`` in ``folder``, drawn
+    from the ``discover.json`` :meth:`mechsink.discover.Discovery.save` wrote there."""
+    import json
+
+    folder = Path(folder)
+    data = json.loads((folder / "discover.json").read_text(encoding="utf-8"))
+    out = [draw_circuit(data["circuit"], folder / "circuit.png")]
+    if data["curves"]:
+        out.append(draw_curves(data["curves"], folder / "faithfulness.png"))
+    return out
