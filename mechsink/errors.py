@@ -24,3 +24,8 @@ class BadInputError(MechsinkError, ValueError):
 
 class MissingDependencyError(MechsinkError, ImportError):
     """An optional dependency is needed for this feature and is not installed."""
+
+
+class MechsinkWarning(UserWarning):
+    """Base class: every warning mechsink gives on purpose derives from this (the test suite
+    turns them into errors, so a test that expects one says so)."""

@@ -33,42 +33,12 @@ name and ``str(name)`` the short form.
 from __future__ import annotations
 
 import re
-import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
 from mechsink.errors import BadInputError
 from mechsink.model import act_name, n_kv_heads
 from mechsink.model import tl_get_act_name as _get_act_name
-
-
-class MechsinkDeprecationWarning(DeprecationWarning):
-    """An old spelling that still works for one release (its message names the new one)."""
-
-
-# every deprecation message starts so (``-W "error:mechsink deprecation"`` finds callers)
-DEPRECATED = "mechsink deprecation: "
-
-
-def deprecated(old: str, new: str, stacklevel: int = 3) -> None:
-    """Warn that ``old`` is now written ``new`` (kept for one release)."""
-    warnings.warn(f"{DEPRECATED}{old} goes in the next release: write {new}.",
-                  MechsinkDeprecationWarning, stacklevel=stacklevel)
-
-
-def renamed_kwarg(kwargs: dict[str, Any], old: str, new: str, value: Any,
-                  where: str) -> Any:
-    """Take the old keyword ``old`` out of ``kwargs`` (with a warning) as ``new``'s value.
-
-    Both given is an error; an unknown keyword left in ``kwargs`` is the caller's to reject.
-    """
-    if old not in kwargs:
-        return value
-    old_value = kwargs.pop(old)
-    if value is not None:
-        raise BadInputError(f"{where}: give {new}= only ({old}= is its old name).")
-    deprecated(f"{where}({old}=...)", f"{where}({new}=...)", stacklevel=4)
-    return old_value
 
 
 def _is_text(x: Any) -> bool:
@@ -413,6 +383,6 @@ def act_name_tl(name: str, layer: Any = None, layer_type: Any = None) -> str:
     return _get_act_name()(name, layer, layer_type)
 
 
-__all__ = ["KINDS", "UNIT_WORDS", "Kind", "MechsinkDeprecationWarning", "Name", "axis_size",
-           "deprecated", "explicit_bos", "kind_of_hook", "kv_head_of", "parse_name",
+__all__ = ["KINDS", "UNIT_WORDS", "Kind", "Name", "axis_size",
+           "explicit_bos", "kind_of_hook", "kv_head_of", "parse_name",
            "unit_axis", "unit_count"]

@@ -13,6 +13,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """mechsink's own warnings are errors here: a test that expects one says so
+    (``pytest.warns``). Added now, not in pyproject's ``filterwarnings``, because naming the
+    class there would import mechsink before jaxtyping installs its runtime checks."""
+    config.addinivalue_line("filterwarnings", "error::mechsink.errors.MechsinkWarning")
+
+
 @pytest.fixture(scope="session")
 def gpt2_tiny():
     """random:gpt2-tiny, seed 0 (2 layers, d_model 64, 4 heads, learned query bias)."""

@@ -16,7 +16,7 @@ from mechsink.interventions.edits import ablate, applied, attend_only_to_self
 from mechsink.interventions.readout import dominant_super_neuron, massive_channel_sets, sink_readout
 from mechsink.measure import sink_score, sink_scores
 from mechsink.model import to_tokens
-from mechsink.names import MechsinkDeprecationWarning, parse_name
+from mechsink.names import parse_name
 from mechsink.patching import Site, activation_patch, attribution_patch, parse_site, path_patch
 from mechsink.patching.metrics import SinkScore
 
@@ -254,16 +254,7 @@ def test_denoising_path_patch_of_a_residual_equals_activation_patching(llama_tin
     assert abs(res.values[0].item() - act.values[1, pos].item()) <= 1e-4
 
 
-# --- old spellings: a warning, and the same result ---------------------------------------------
-
-
-def _same_with_warning(old, new):
-    with pytest.warns(MechsinkDeprecationWarning, match="mechsink deprecation"):
-        a = old()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", MechsinkDeprecationWarning)
-        b = new()
-    return a, b
+# --- old spellings: gone, each a clear error ---------------------------------------------
 
 
 def test_old_site_spellings_are_refused():
@@ -328,7 +319,7 @@ def test_text_without_prepend_bos_is_refused(gpt2_tiny):
                          prepend_bos=True)
     clean, corrupted = _tokens(gpt2_tiny)
     with warnings.catch_warnings():  # token tensors need no BOS answer
-        warnings.simplefilter("error", MechsinkDeprecationWarning)
+        warnings.simplefilter("error")
         b = activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
     torch.testing.assert_close(a.values, b.values)
 

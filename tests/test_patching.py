@@ -19,6 +19,7 @@ from mechsink.patching import (
     activation_patch,
     parse_site,
 )
+from mechsink.patching.checks import SaturatedMetricWarning
 
 CLEAN = "When Mary and John went"
 CORRUPTED = "When Tom and John went"
@@ -136,7 +137,9 @@ def test_activation_metrics_match_a_hook_loop(tiny):
 
 def test_kl_to_clean_is_zero_for_clean_patches(gpt2_tiny):
     clean, corrupted = _pair(gpt2_tiny)
-    res = activation_patch(gpt2_tiny, clean, corrupted, "resid_pre_all_pos", KLToClean())
+    # the tiny random model barely moves its predictions: the KL is near its bound on both
+    with pytest.warns(SaturatedMetricWarning, match="kl_to_clean"):
+        res = activation_patch(gpt2_tiny, clean, corrupted, "resid_pre_all_pos", KLToClean())
     assert res.clean_value == pytest.approx(0.0, abs=1e-6)
     assert res.corrupted_value > 0
     assert abs(res.values[0].item()) <= 1e-5

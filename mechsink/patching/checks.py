@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MechsinkWarning
 
 #: within this of a metric's bound on both inputs, a sweep cannot move the metric: warned
 SATURATION_MARGIN = 1e-3
@@ -28,7 +28,7 @@ SATURATION_MARGIN = 1e-3
 NORMALIZE_RTOL = 1e-5
 
 
-class SaturatedMetricWarning(UserWarning):
+class SaturatedMetricWarning(MechsinkWarning):
     """The metric sits at one of its bounds on both inputs: the sweep will look flat."""
 
 
