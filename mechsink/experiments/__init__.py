@@ -14,6 +14,8 @@ docs build and the tests call the experiments directly.
 ``p0_edges``           the P0-sink circuit as an edge graph (EAP-IG with the QK fix, exact
                        checks, faithfulness next to the greedy node circuit's)
 ``gpt2_query_bias``    the query-bias circuit of GPT-2-style models
+``query_bias_dose``    the query-bias circuit dosed from removal to 3x, with intervals (and
+                       the targeted removal of b_Q . k_0 alone)
 ``headwise_rmsnorm``   twin organisms with and without head-wise RMSNorm
 ``seedprint``          structure at random initialisation and SeedPrint (Li, Tong, Wang et
                        al. 2026)
@@ -113,6 +115,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("p0_sink", "smollm2-135m"),
     Experiment("p0_edges", "smollm2-135m"),
     Experiment("gpt2_query_bias", "organism:bb-gpt2-tiny"),
+    Experiment("query_bias_dose", "organism:bb-gpt2-tiny"),
     Experiment("headwise_rmsnorm", None),
     Experiment("seedprint", None),
     Experiment("sink_timeline", None),
