@@ -306,13 +306,30 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                          "drops the late-layer sink score below half with non-overlapping "
                          "intervals",
             "evidence": ev}
-    moved = [r for r in result["move"] if r["sink_at_k_after"] >= max(0.1, 2 * r[
-        "sink_at_k_before"])]
-    out["C4"] = {"verdict": "supported" if moved else "not supported",
-                 "criterion": "supported if some intervention at least doubles the mean sink "
-                              "score at position k, to at least 0.1",
-                 "evidence": f"{len(moved)} of {len(result['move'])} (k, intervention) pairs"}
+    out["C4"] = move_verdict(result["move"])
     return out
+
+
+def move_verdict(move: list[dict[str, Any]]) -> dict[str, str]:
+    """C4 judged against the original sink, not against zero: the sink has moved when position
+    k, after the intervention, holds at least half of what position 0 held before and at least
+    as much as position 0 still holds; a rise at k that leaves position 0 the sink is partial."""
+    moved = [r for r in move if r["sink_at_k_after"] >= 0.5 * r["sink_at_0_before"]
+             and r["sink_at_k_after"] >= r["sink_at_0_after"]]
+    rose = [r for r in move if r["sink_at_k_after"] >= max(0.1, 2 * r["sink_at_k_before"])]
+    best = max(move, key=lambda r: r["sink_at_k_after"], default=None)
+    evidence = (f"{len(moved)} of {len(move)} (k, intervention) pairs moved the sink, "
+                f"{len(rose)} at least doubled the sink at k")
+    if best is not None:
+        evidence += (f"; strongest: k={best['k']} ({best['intervention']}) sink at k "
+                     f"{best['sink_at_k_before']:.3f} -> {best['sink_at_k_after']:.3f}, at 0 "
+                     f"{best['sink_at_0_before']:.3f} -> {best['sink_at_0_after']:.3f}")
+    return {"verdict": "supported" if moved else "partial" if rose else "not supported",
+            "criterion": "supported if some intervention leaves position k with at least half "
+                         "the sink score position 0 had before and at least what position 0 "
+                         "still has (the sink moved); partial if it only doubles the sink at k "
+                         "(to >= 0.1) while position 0 stays the sink",
+            "evidence": evidence}
 
 
 # --- summary and figure ----------------------------------------------------------------------
