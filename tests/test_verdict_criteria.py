@@ -29,3 +29,16 @@ def test_no_change_is_not_supported_and_the_criterion_is_written_out():
     assert v["verdict"] == "not supported"
     assert "half the sink score position 0 had before" in v["criterion"]
     assert move_verdict([])["verdict"] == "not supported"
+
+
+def test_a_degenerate_interval_says_why():
+    import torch
+
+    from mechsink.interventions.stats import bootstrap_interval
+
+    same = bootstrap_interval(torch.full((8,), 3.5))
+    assert same.low == same.high == 3.5
+    assert "same value" in same.to_dict()["note"] and "same value" in str(same)
+    assert "one prompt" in bootstrap_interval([1.0]).note
+    spread = bootstrap_interval(torch.arange(8.0))
+    assert spread.note is None and "note" not in spread.to_dict()

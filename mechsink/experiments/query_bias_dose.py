@@ -108,8 +108,12 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     return ExperimentResult("query_bias_dose", data)
 
 
-def _cell(x: dict[str, float] | None) -> str:
-    return "-" if x is None else f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+def _cell(x: dict[str, Any] | None) -> str:
+    """An interval as text; one that has zero width carries its reason."""
+    if x is None:
+        return "-"
+    text = f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+    return text + (f" ({x['note']})" if x.get("note") else "")
 
 
 def summary(data: dict[str, Any]) -> str:

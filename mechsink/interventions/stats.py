@@ -19,20 +19,27 @@ N_BOOT = 2000
 
 @dataclass(frozen=True)
 class Interval:
-    """A mean over prompts with its percentile-bootstrap interval."""
+    """A mean over prompts with its percentile-bootstrap interval; ``note`` says why an
+    interval has zero width (every prompt gave the same value, or there was one prompt)."""
 
     mean: float
     low: float
     high: float
+    note: str | None = None
 
     def overlaps(self, other: Interval) -> bool:
         return not (self.high < other.low or other.high < self.low)
 
-    def to_dict(self) -> dict[str, float | None]:
-        return {"mean": rounded(self.mean), "low": rounded(self.low), "high": rounded(self.high)}
+    def to_dict(self) -> dict[str, float | str | None]:
+        out: dict[str, float | str | None] = {
+            "mean": rounded(self.mean), "low": rounded(self.low), "high": rounded(self.high)}
+        if self.note is not None:
+            out["note"] = self.note
+        return out
 
     def __str__(self) -> str:
-        return f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        text = f"{self.mean:.3g} [{self.low:.3g}, {self.high:.3g}]"
+        return text if self.note is None else f"{text} ({self.note})"
 
 
 def resample_indices(n: int, n_boot: int, seed: int) -> Int[Tensor, "boot n"]:
@@ -58,4 +65,17 @@ def bootstrap_interval(
     means = v[resample_indices(v.numel(), n_boot, seed)].mean(1)
     alpha = (1.0 - level) / 2
     low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
-    return Interval(float(v.mean()), float(low), float(high))
+    return Interval(float(v.mean()), float(low), float(high), degenerate_reason(v))
+
+
+def degenerate_reason(values: Float[Tensor, " n"]) -> str | None:
+    """Why an interval over these per-prompt values has zero width, or None when it need not:
+    one prompt, or every prompt giving the same value (under causal attention position 0 sees
+    only its own token, so after a shared first token such as BOS its state, and everything read
+    from it alone, is the same in every prompt)."""
+    if values.numel() == 1:
+        return "one prompt: no spread to resample"
+    if bool((values == values[0]).all()):
+        return ("every prompt gives the same value (e.g. read at position 0 after the same "
+                "first token, which causal attention makes the same state in every prompt)")
+    return None
