@@ -20,6 +20,8 @@ docs build and the tests call the experiments directly.
 ``seedprint``          structure at random initialisation and SeedPrint (Li, Tong, Wang et
                        al. 2026)
 ``sink_timeline``      the sink measurements at every checkpoint of a training run
+``atlas``              every claim on every model with the same prompts and settings: one
+                       table of verdicts, criteria and evidence, linked to each run
 =====================  ================================================================
 """
 
@@ -120,6 +122,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("seedprint", None),
     Experiment("sink_timeline", None),
     Experiment("sink_free", None),
+    Experiment("atlas", None),
 )}
 
 
