@@ -125,8 +125,11 @@ def summary(data: dict[str, Any]) -> str:
     if "not_applicable" in data:
         return "\n".join([*lines, f"Not applicable: {data['not_applicable']}.", ""])
     for name, curve in data["curves"].items():
-        lines += [f"## {name}", "", f"Target: {curve['target']}. Sink heads read: "
-                  f"{curve['frame']['sink_heads']}.", "",
+        read = [f"L{lay}H{h}" for lay, h in curve["frame"]["sink_heads"]
+                if lay in data["layers"]]
+        lines += [f"## {name}", "", f"Target: {curve['target']}. Sink heads read (clean score "
+                  f"over eps {curve['frame']['eps']:g} in the dosed layers): "
+                  f"{', '.join(read) or 'none'}.", "",
                   "| dose | sink heads' score at key 0 | sink rate | loss |", "|---|---|---|---|"]
         for r in curve["rows"]:
             lines.append(f"| {r['dose']:g} | {_cell(r['late_sink_score'])} | "
