@@ -252,3 +252,67 @@ def test_patch_heatmap_is_drawn_from_the_saved_json(tmp_path: Path) -> None:
         "resid_pre: logit_diff; denoise: corrupted run -1, clean patched in (2)")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0:'<s>'", "1:'a'", "2:'b'"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]
+
+
+def test_griffe_extension_turns_sphinx_roles_into_optional_refs_and_escapes_html() -> None:
+    from docs.build.griffe_sphinx import convert
+
+    text = ("Runs :func:`mechsink.measure.census.census` and :class:`~mechsink.errors.InputError`"
+            " on :mod:`mechsink.measure`; see :meth:`run`.\n"
+            "A <script> tag, an `inline <b>` span\n```html\n<script>x</script>\n```\n"
+            ">>> f('<bos>')")
+    out = convert(text, scope="mechsink.experiments.Experiment")
+    assert ('<autoref identifier="mechsink.measure.census.census" optional>'
+            '<code>mechsink.measure.census.census</code></autoref>') in out
+    assert ('<autoref identifier="mechsink.errors.InputError" optional>'
+            '<code>InputError</code>') in out
+    assert 'identifier="mechsink.experiments.Experiment.run"' in out
+    assert ":func:" not in out and ":class:" not in out
+    assert "A &lt;script> tag" in out  # prose HTML escaped ...
+    assert "`inline <b>` span" in out and "\n<script>x</script>\n" in out  # ... code kept
+    assert out.endswith(">>> f('<bos>')")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_check_counts_folder_links_missing_targets_dead_anchors_and_raw_roles(
+        tmp_path: Path) -> None:
+    from docs.build.check import scan
+
+    _write(tmp_path / "index.html", '<a href="a/">f</a><a href="b.html">m</a>'
+           '<a href="a/p.html#nope">d</a><a href="a/p.html#here">ok</a><a href="#top">t</a>'
+           '<img src="/x.png"><p>see :func:<code>f</code></p><script>":func:`x`"</script>'
+           '<a href="https://example.org/">ext</a>')
+    _write(tmp_path / "a" / "p.html", '<h2 id="here">h</h2>')
+    report = scan(tmp_path)
+    assert report.counts() == {"links to folders": 1, "missing targets": 2, "dead anchors": 2,
+                               "raw Sphinx roles": 1}
+    _write(tmp_path / "index.html", '<a id="top" href="a/p.html#here">ok</a>')
+    assert set(scan(tmp_path).counts().values()) == {0}
+
+
+def test_hooks_make_404_relative_and_search_loadable_from_file(tmp_path: Path) -> None:
+    from docs.build import mkdocs_hooks
+
+    _write(tmp_path / "search" / "search_index.json", '{"docs": [{"text": "</script>"}]}')
+    _write(tmp_path / "assets" / "javascripts" / "workers" / "search.abc.min.js",
+           'self.onmessage=function(){"</script>"};\n//# sourceMappingURL=search.abc.min.js.map')
+    _write(tmp_path / "404.html", '<link rel="stylesheet" href="/assets/s.css"><a href="/">h</a>'
+           '<script id="__config">{"base": "/", "search": "/assets/w.js"}</script>'
+           '<script src="/assets/javascripts/bundle.1.min.js"></script>')
+    mkdocs_hooks.on_post_build({"site_dir": str(tmp_path)})
+    page = (tmp_path / "404.html").read_text()
+    assert 'href="/' not in page and 'src="/' not in page and '"base": "."' in page
+    assert '"search": "assets/w.js"' in page
+    index = (tmp_path / "search" / "search_index.js").read_text()
+    assert index.startswith("var __index = ") and json.loads(
+        index.removeprefix("var __index = ").rstrip(";\n").replace("<\\/", "</"))
+    shim = (tmp_path / mkdocs_hooks.SHIM).read_text()
+    assert "self.onmessage" in shim and "sourceMappingURL" not in shim and "</script" not in shim
+    html = mkdocs_hooks.on_post_page(
+        '<script src="../assets/javascripts/bundle.1.min.js"></script>', None, None)
+    assert html.startswith(f'<script src="../{mkdocs_hooks.SHIM}"></script>')
+

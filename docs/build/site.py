@@ -55,9 +55,14 @@ def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str,
             continue
         nav.append({title: value})
     cfg["nav"] = nav
+    cfg["hooks"] = [str(ROOT / h) for h in cfg.get("hooks", [])]  # the config moves to work/
     for plugin in cfg.get("plugins", []):
         if isinstance(plugin, dict) and "mkdocstrings" in plugin:
-            plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+            python = plugin["mkdocstrings"]["handlers"]["python"]
+            python["paths"] = [str(ROOT)]
+            python["options"]["extensions"] = [
+                str(ROOT / e) if isinstance(e, str) and e.split(":")[0].endswith(".py") else e
+                for e in python["options"].get("extensions", [])]
     path = work / "mkdocs.yml"
     atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
     return path
