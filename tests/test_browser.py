@@ -107,6 +107,7 @@ def test_walking_every_page_from_file_finds_nothing_broken(browser, site: Path) 
 def test_attention_views_render_offline(browser, site: Path, page_path: str,
                                         tmp_path: Path) -> None:
     assert (site / page_path).is_file()
+    assert 'class="admonition warning quick-build"' in (site / page_path).read_text("utf-8")
     shot = tmp_path / (page_path.removesuffix(".html").replace("/", "-") + ".png")
     seen = visit(browser, (site / page_path).as_uri(), shot)
     print(f"\nscreenshots: {shot} and {shot.with_name(shot.stem + '-view.png')}")

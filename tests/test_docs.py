@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 
 import matplotlib as mpl
@@ -316,3 +317,77 @@ def test_hooks_make_404_relative_and_search_loadable_from_file(tmp_path: Path) -
         '<script src="../assets/javascripts/bundle.1.min.js"></script>', None, None)
     assert html.startswith(f'<script src="../{mkdocs_hooks.SHIM}"></script>')
 
+
+def test_quick_pages_open_with_the_tiny_model_banner() -> None:
+    from docs.build.pages import with_banner
+
+    text = with_banner("<!-- x -->\n# Title\n\nBody", docs_build.QUICK)
+    head, body = text.split("# Title\n", 1)
+    assert head == "<!-- x -->\n" and body.lstrip().startswith('!!! warning quick-build')
+    assert "random:llama-tiny" in body and "untrained" in body and body.endswith("Body")
+
+
+class _NoModels:
+    """A model pool that fails if the build tries to compute anything."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, name: str):
+        self.asked.append(name)
+        raise AssertionError(f"the build loaded {name} instead of reusing the census")
+
+
+def test_scan_reuses_a_matching_report_census_and_recomputes_a_different_one(
+        tiny_census: dict, tmp_path: Path) -> None:
+    from docs.build.runners import run_scan
+
+    report = tmp_path / "report" / "census.json"
+    _write(report, json.dumps(tiny_census))
+    settings = {"n": 2, "seq_len": 12, "eps": tiny_census["settings"]["eps"], "seed": 0,
+                "batch_size": 4}  # batch_size does not change the numbers: still reused
+    models = _NoModels()
+    data = run_scan(docs_build.Cache(tmp_path / "cache"), models, "random:llama-tiny",
+                    settings, reuse=(report,))
+    assert models.asked == [] and data["runs"] == tiny_census["runs"]
+    with pytest.raises(AssertionError, match="loaded random:llama-tiny"):
+        run_scan(docs_build.Cache(tmp_path / "cache"), models, "random:llama-tiny",
+                 {**settings, "seed": 1}, reuse=(report,))
+    with pytest.raises(AssertionError, match="loaded organism"):  # another model's census
+        run_scan(docs_build.Cache(tmp_path / "cache"), models, "organism:bb-gpt2-tiny",
+                 settings, reuse=(report,))
+
+
+def test_the_build_refuses_to_start_when_it_would_download(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from docs.build import offline
+    from mechsink.errors import AssetError
+    from mechsink.model.assets import Asset
+
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path))
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    absent = Asset("mechsink-no-such-package", "0.0.1", "x/data.bin", "0" * 64)
+    with pytest.raises(AssetError, match=r"runs offline.*docs.build --fetch"):
+        offline.require_offline((absent,))
+    assert "PIP_NO_INDEX" not in os.environ
+    offline.require_offline(())
+    assert os.environ["PIP_NO_INDEX"] == "1"
+
+
+def test_cache_reruns_when_asked_and_lists_results_of_other_code(tmp_path: Path) -> None:
+    calls = []
+
+    def produce(out: Path) -> None:
+        calls.append(out)
+
+    docs_build.Cache(tmp_path).get("circuit-p0_sink", "m", {"n": 1}, produce)
+    again = docs_build.Cache(tmp_path, rerun=("scan",))
+    again.get("circuit-p0_sink", "m", {"n": 1}, produce)
+    assert len(calls) == 1 and again.stale == []
+    docs_build.Cache(tmp_path, rerun=("circuit-*",)).get("circuit-p0_sink", "m", {"n": 1},
+                                                         produce)
+    assert len(calls) == 2
+    older = docs_build.Cache(tmp_path)
+    older._code = "other code"
+    folder = older.get("circuit-p0_sink", "m", {"n": 1}, produce)
+    assert len(calls) == 2 and older.stale == [folder.name]

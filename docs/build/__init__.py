@@ -18,7 +18,12 @@ pages, site). Steps:
    from the site itself: nothing loads from the internet) into ``docs/_site``.
 
 ``--quick`` (or ``MECHSINK_DOCS_QUICK=1``) builds the same site on tiny models in about a
-minute on two cores (the browser test uses it).
+minute on two cores (the browser test uses it); its pages carry a banner saying so.
+
+The build runs offline (:mod:`docs.build.offline`: ``--fetch`` fetches the registry files it
+reads, beforehand), reuses ``report/census.json`` when it is the census it would compute
+(:func:`docs.build.runners.reusable_census`), redoes cached results on ``--rerun KIND``, and
+``python -m docs.build.check`` counts what would break from ``file://``.
 """
 
 from __future__ import annotations

@@ -148,4 +148,30 @@ def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
     gallery = write_gallery(site, src, env)
     if site.notebooks:
         write_notebook_pages(site, src)
+    if site.plan.name == "quick":
+        for page in sorted(src.rglob("*.md")):
+            if page.relative_to(src).parts[0] not in NO_BANNER:
+                atomic_write_text(page, with_banner(page.read_text(encoding="utf-8"), site.plan))
     return gallery
+
+
+NO_BANNER = ("api", "census-schema.md")  # pages that show no result
+
+
+def quick_banner(plan: Plan) -> str:
+    """The admonition every result page of a quick build opens with."""
+    models = ", ".join(f"`{m}`" for m in plan.scans)
+    return (f'!!! warning quick-build "Quick build: tiny untrained models"\n'
+            f"    This site was built with `MECHSINK_DOCS_QUICK=1`: the numbers, figures and "
+            f"tables on this page come from {models} (random-init or tiny toy models) with a few "
+            f"short prompts. They show what the page looks like, not what trained models do; "
+            f"`make docs` builds it from the real models.\n\n")
+
+
+def with_banner(text: str, plan: Plan) -> str:
+    """``text`` with the quick-build banner after its ``# title`` (or at the top)."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            return "\n".join([*lines[: i + 1], "", quick_banner(plan), *lines[i + 1:]])
+    return quick_banner(plan) + text

@@ -12,18 +12,66 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from docs.build.cache import Cache, Models
+from docs.build.cache import Cache, Models, log
 from docs.build.notebooks import execute_notebook
 from docs.build.plan import DOCS, GALLERY_SCHEMA, GALLERY_SEQ_LEN, ROOT
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.model import act_name, token_strings
 
+REUSABLE_CENSUS = (ROOT / "report" / "census.json",)  # what `make demo` writes
+CENSUS_KEYS = ("n", "seq_len", "eps", "seed", "key_position")  # what decides the numbers
 
-def run_scan(cache: Cache, models: Models, model: str, settings: Mapping[str, Any]) -> dict:
-    """The census of ``model`` (census.json only: figures are drawn at page time)."""
-    from mechsink.measure.census import census, read_census, write_census
+
+def census_digest(data: Mapping[str, Any]) -> str:
+    """A census's identity: model, mechsink version, suites, variants and the settings that
+    decide its numbers (not batch_size, dtype of the cache files, or the device)."""
+    s = data["settings"]
+    key = {"model": data["model"], "mechsink_version": data.get("mechsink_version"),
+           "suites": sorted(s["suites"]), "variants": sorted(s["variants"]),
+           **{k: s.get(k, 0 if k == "key_position" else None) for k in CENSUS_KEYS}}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def wanted_census_digest(model: str, settings: Mapping[str, Any]) -> str:
+    """The digest the census of ``model`` with the plan's ``settings`` will have."""
+    from mechsink import __version__
+    from mechsink.measure.census import SUITES, VARIANTS
+
+    return census_digest({"model": model, "mechsink_version": __version__,
+                          "settings": {**settings, "suites": list(SUITES),
+                                       "variants": list(VARIANTS), "key_position": 0}})
+
+
+def reusable_census(model: str, settings: Mapping[str, Any],
+                    candidates: tuple[Path, ...] = REUSABLE_CENSUS) -> Path | None:
+    """A census.json already on disk (``make demo``'s) that is exactly the one this build would
+    compute (same digest), or None."""
+    want = wanted_census_digest(model, settings)
+    for path in candidates:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            if census_digest(data) == want:
+                return Path(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def run_scan(cache: Cache, models: Models, model: str, settings: Mapping[str, Any],
+             reuse: tuple[Path, ...] = REUSABLE_CENSUS) -> dict:
+    """The census of ``model`` (census.json only: figures are drawn at page time): from the
+    cache, else copied from ``reuse`` (``report/census.json``) when its digest matches, else
+    computed."""
+    import shutil
+
+    from mechsink.measure.census import CENSUS_FILE, census, read_census, write_census
 
     def produce(out: Path) -> None:
+        found = reusable_census(model, settings, reuse)
+        if found is not None:
+            log(f"reusing {found} (same model, suites, variants and settings)")
+            shutil.copy2(found, out / CENSUS_FILE)
+            return
         c = census(models(model), n=settings["n"], seq_len=settings["seq_len"],
                    eps=settings["eps"], seed=settings["seed"],
                    batch_size=settings["batch_size"], model_name=model)

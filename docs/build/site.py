@@ -69,11 +69,13 @@ def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str,
 
 
 def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | None = None,
-          work_dir: Path | None = None, notebooks: bool = True) -> Path:
-    """Run the experiments (cached), render the pages and build the site; returns site_dir."""
+          work_dir: Path | None = None, notebooks: bool = True,
+          rerun: tuple[str, ...] = ()) -> Path:
+    """Run the experiments (cached; ``rerun``: kinds to redo anyway, e.g. ``circuit-*``),
+    render the pages and build the site; returns site_dir."""
     start = time.perf_counter()
     site_dir = Path(site_dir or DOCS / "_site").resolve()
-    cache = Cache(Path(cache_dir or DOCS / "_cache").resolve())
+    cache = Cache(Path(cache_dir or DOCS / "_cache").resolve(), rerun=rerun)
     work = Path(work_dir or DOCS / "_build").resolve()
     site = collect(plan, cache, notebooks=notebooks)
     t_exp = time.perf_counter() - start
@@ -90,4 +92,7 @@ def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | 
     log(f"{plan.name} build: experiments {t_exp:.1f} s ({len(cache.runs)} run, "
         f"{len(cache.hits)} cached), mkdocs {time.perf_counter() - t_mk:.1f} s, "
         f"total {time.perf_counter() - start:.1f} s -> {site_dir}")
+    if cache.stale:
+        log(f"{len(cache.stale)} cached results were made by other mechsink code (reused; "
+            f"--rerun KIND redoes them): {', '.join(cache.stale)}")
     return site_dir
