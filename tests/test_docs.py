@@ -391,3 +391,32 @@ def test_cache_reruns_when_asked_and_lists_results_of_other_code(tmp_path: Path)
     older._code = "other code"
     folder = older.get("circuit-p0_sink", "m", {"n": 1}, produce)
     assert len(calls) == 2 and older.stale == [folder.name]
+
+
+def test_inputs_of_one_repeated_token_are_flagged_not_shown_as_text() -> None:
+    import torch
+
+    from docs.build.runners import degenerate
+
+    bos_only = torch.full((2, 6), 7)
+    rand_first = torch.tensor([[3, 7, 7, 7], [5, 7, 7, 7]])
+    repeated = torch.tensor([[1, 4, 4, 4], [1, 9, 9, 9]])
+    text = torch.tensor([[1, 4, 5, 6], [1, 9, 2, 2]])
+    assert degenerate(bos_only, "natural") and degenerate(bos_only, "repeated")
+    assert degenerate(rand_first, "natural") and not degenerate(rand_first, "repeated")
+    assert not degenerate(repeated, "repeated") and not degenerate(text, "natural")
+
+    heads = [{"kind": "sink", "layer": 0, "head": 0, "sink_score": 1.0,
+              "pattern": [[1.0], [1.0, 0.0]]}]
+    flat = {"schema": "mechsink-gallery/1", "run": "natural/bos", "tokens": ["<bos>"] * 2,
+            "identical": True, "heads": heads,
+            "inputs": {"natural/bos": {"distinct_tokens": 1, "identical": True},
+                       "random/bos": {"distinct_tokens": 56, "identical": False}}}
+    block = gallery.gallery_blocks(flat)
+    assert "mechsink-cv" not in block and block.startswith('!!! warning "No text to show"')
+    assert "2 tokens" in block and "(`<bos>` then the same token)" in block
+    assert gallery.flagged_runs(flat) == ["natural/bos"]
+    assert "`natural/bos` (1 distinct token id)" in gallery.inputs_warning(flat)
+    assert "random/bos" not in gallery.inputs_warning(flat)
+    ok = {**flat, "identical": False, "inputs": {}}
+    assert "mechsink-cv" in gallery.gallery_blocks(ok) and gallery.inputs_warning(ok) == ""

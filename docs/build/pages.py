@@ -83,7 +83,7 @@ def write_assets(site: Site, src: Path) -> None:
 
 def write_gallery(site: Site, src: Path, env: Any) -> list[tuple[str, str]]:
     """One page per gallery model from ``docs/_templates/gallery_model.md``; (title, path)."""
-    from mechsink.viz.gallery import gallery_blocks
+    from mechsink.viz.gallery import gallery_blocks, inputs_warning
 
     template = env.from_string((DOCS / "_templates" / "gallery_model.md").read_text("utf-8"))
     pages = []
@@ -91,7 +91,8 @@ def write_gallery(site: Site, src: Path, env: Any) -> list[tuple[str, str]]:
         rel = f"gallery/{slug(model)}.md"
         text = template.render(model=model, data=data, s=slug(model), assets="../assets",
                                attention=gallery_blocks(site.gallery[model], prefix=f"cv{i}"),
-                               gallery=site.gallery[model], **helpers())
+                               gallery=site.gallery[model], inputs_warning=inputs_warning,
+                               **helpers())
         atomic_write_text(src / rel, text)
         pages.append((model, rel))
     return pages

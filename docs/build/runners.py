@@ -12,6 +12,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxtyping import Int
+from torch import Tensor
+
 from docs.build.cache import Cache, Models, log
 from docs.build.notebooks import execute_notebook
 from docs.build.plan import DOCS, GALLERY_SCHEMA, GALLERY_SEQ_LEN, ROOT
@@ -87,7 +90,8 @@ def run_gallery(cache: Cache, models: Models, model: str, data: Mapping[str, Any
     heads = choose_heads(data)
     ref = reference_run(data)
     seq_len = min(GALLERY_SEQ_LEN, int(data["settings"]["seq_len"]))
-    settings = {"heads": heads, "variant": ref["variant"], "seq_len": seq_len, "seed": 0}
+    settings = {"heads": heads, "variant": ref["variant"], "seq_len": seq_len, "seed": 0,
+                "inputs_checked": [data["settings"].get(k) for k in ("n", "seq_len", "seed")]}
 
     def produce(out: Path) -> None:
         import torch
@@ -111,11 +115,40 @@ def run_gallery(cache: Cache, models: Models, model: str, data: Mapping[str, Any
                                          for i in range(p.shape[0])]})
         doc = {"schema": GALLERY_SCHEMA, "model": model,
                "run": f"natural/{ref['variant']}", "seq_len": seq_len, "tokens": strings,
-               "heads": rows}
+               "identical": degenerate(tokens, "natural"), "heads": rows,
+               "inputs": census_inputs(m, data)}
         atomic_write_json(out / "gallery.json", doc)
 
     folder = cache.get("gallery", model, settings, produce)
     return json.loads((folder / "gallery.json").read_text(encoding="utf-8"))
+
+
+def degenerate(tokens: Int[Tensor, "batch pos"], suite: str) -> bool:
+    """True when a batch of sequences carries no text: one token id in the whole batch, or (for
+    any suite but ``repeated``, whose bodies repeat one token by design) one id in every row
+    after the first position. Such a run is flagged on the page, not shown as text."""
+    if tokens.unique().numel() <= 1:
+        return True
+    body = tokens[:, 1:]
+    return suite != "repeated" and bool((body == body[:, :1]).all())
+
+
+def census_inputs(model: Any, data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """For each suite/variant of a census: how many distinct token ids its inputs hold and
+    whether they are :func:`degenerate` (the inputs are rebuilt from the census's settings)."""
+    from mechsink.inputs.prompts import make_prompts
+
+    s = data["settings"]
+    if s.get("n") is None or s.get("seq_len") is None:  # a census of given prompts
+        return {}
+    out = {}
+    for suite in s["suites"]:
+        for variant in s["variants"]:
+            tokens = make_prompts(model, suite, variant, n=int(s["n"]), seq_len=int(s["seq_len"]),
+                                  seed=int(s.get("seed", 0))).tokens
+            out[f"{suite}/{variant}"] = {"distinct_tokens": int(tokens.unique().numel()),
+                                         "identical": degenerate(tokens, suite)}
+    return out
 
 
 def run_circuit(cache: Cache, models: Models, name: str, model: str,
