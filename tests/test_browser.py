@@ -93,6 +93,9 @@ def test_walking_every_page_from_file_finds_nothing_broken(browser, site: Path) 
     """Every page from file://, a few links clicked on each: the five counts are 0."""
     static = scan(site)
     assert static.pages > 15
+    for page in ("findings/index", "findings/chain", "findings/cross-model",
+                 "findings/headwise-rmsnorm", "findings/sink-free"):
+        assert (site / f"{page}.html").is_file(), page
     assert static.counts() == dict.fromkeys(static.counts(), 0), {
         k: v[:5] for k, v in static.problems.items()}
     walk = site_walk.walk(site, clicks_per_page=2, browser=browser)

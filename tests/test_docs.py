@@ -214,7 +214,8 @@ def test_every_page_template_renders(tiny_census: dict, tmp_path: Path) -> None:
         {name: snippet for name in docs_build.SNIPPETS}, {})
     src = tmp_path / "src"
     src.mkdir()
-    gallery_pages = docs_build.render_pages(site, src)
+    gallery_pages, finding_pages = docs_build.render_pages(site, src)
+    assert finding_pages == []  # no finding results given
     assert gallery_pages == [("random:llama-tiny", "gallery/random-llama-tiny.md")]
     pages = sorted(src.rglob("*.md"))
     assert len(pages) >= 18
@@ -420,3 +421,75 @@ def test_inputs_of_one_repeated_token_are_flagged_not_shown_as_text() -> None:
     assert "random/bos" not in gallery.inputs_warning(flat)
     ok = {**flat, "identical": False, "inputs": {}}
     assert "mechsink-cv" in gallery.gallery_blocks(ok) and gallery.inputs_warning(ok) == ""
+
+
+def test_verdict_rows_read_the_three_shapes_experiments_use() -> None:
+    from docs.build.findings import verdict_rows, verdict_table
+
+    data = {"verdict_convergence": "not supported (slower)",
+            "verdicts": {"C1": {"verdict": "supported", "criterion": "ratio > 1",
+                                "evidence": "ratio 8.2 [7.1, 9.0]"}},
+            "ablations": {"query bias": {"verdict": "necessary", "fraction_kept": 0.04,
+                                         "per_head": [0.01, 0.02]}}}
+    rows = verdict_rows(data)
+    assert {"claim": "convergence", "verdict": "not supported (slower)", "criterion": "",
+            "measured": ""} in rows
+    assert {"claim": "C1", "verdict": "supported", "criterion": "ratio > 1",
+            "measured": "ratio 8.2 [7.1, 9.0]"} in rows
+    ablation = next(r for r in rows if r["claim"] == "ablations / query bias")
+    assert ablation["verdict"] == "necessary" and "fraction kept 0.04" in ablation["measured"]
+    table = verdict_table(rows)
+    assert table.startswith("Table: verdicts") and table.count("\n| ") == 4
+    assert "no verdict" in verdict_table([])
+
+
+def _model_census(model: str, rates: dict[str, float]) -> dict:
+    runs = [{"suite": "natural", "variant": v, "name": f"natural/{v}", "sink_rate": r,
+             "sink_rate_no_self": r / 2, "sink_score": [[r, 0.0]], "sink_rate_per_layer": [r]}
+            for v, r in rates.items()]
+    return {"model": model, "runs": runs, "settings": {"eps": 0.3}}
+
+
+def test_cross_model_page_tells_what_the_first_token_variants_show() -> None:
+    from docs.build.findings import cross_model_page
+
+    census = {"qwen": _model_census("qwen", {"bos": 0.025, "nobos": 0.57, "randfirst": 0.55}),
+              "gemma": _model_census("gemma", {"bos": 0.79, "nobos": 0.0, "randfirst": 0.02}),
+              "tiny": _model_census("tiny", {"bos": 0.0, "nobos": 0.0, "randfirst": 0.0})}
+    page = cross_model_page(census, flagged={"tiny": ["natural/bos", "random/bos"]})
+    assert "`tiny` hardly sinks" in page and "† Its `natural/bos` inputs are one repeated" in page
+    assert "| `tiny` | 0 (0) † | 0 (0) | 0 (0) |" in page
+    assert "`qwen` sinks at position 0 without a BOS token (0.57) but hardly with it (0.025)" \
+        in page
+    assert "`gemma` sinks on its BOS token (0.79) and not without it (0)" in page
+    assert "`tiny` hardly sinks" in page
+    assert "| `qwen` | 0.025 (0.013) | 0.57 (0.285) | 0.55 (0.275) |" in page
+
+
+def test_finding_page_opens_with_the_finding_and_its_figure_and_folds_the_raw_summary(
+        ) -> None:
+    from docs.build.findings import BY_NAME, finding_page
+
+    result = {"verdicts": {"C2": {"verdict": "not supported", "criterion": "below 10%",
+                                  "evidence": "0.1 -> 0.1"}}}
+    page = finding_page(BY_NAME["structural_origin"], result,
+                        "# T\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", ["structural_origin.png"],
+                        "random:llama-tiny", {"n": 4, "positions": [8, 16]}, "../assets/x")
+    lines = page.splitlines()
+    assert lines[0].startswith("# The chain") and lines[2].startswith("**What is tested.**")
+    assert "**Finding on `random:llama-tiny`.** C2: **not supported**." in page
+    assert page.index("![The chain") < page.index("## Verdicts") < page.index('??? note')
+    assert "    | 1 | 2 |" in page  # the raw table is inside the folded block
+    assert ("mechsink circuit structural_origin random:llama-tiny --out runs/structural_origin "
+            "--n 4 --positions 8 16") in page
+
+
+def test_a_finding_without_verdicts_shows_its_main_table_unfolded() -> None:
+    from docs.build.findings import BY_NAME, finding_page
+
+    summary = "# T\n\nSeeds [0].\n\n| arm | loss |\n|---|---|\n| softmax | 3.98 [3.9, 4.0] |\n"
+    page = finding_page(BY_NAME["sink_free"], {"tasks": {}}, summary, ["sink_free.png"], None,
+                        {"seeds": [0]}, "../assets/x")
+    assert "no verdict of its own" in page
+    assert page.index("\n| softmax | 3.98 [3.9, 4.0] |") < page.index("??? note")
+    assert "mechsink circuit sink_free --out runs/sink_free --seeds 0" in page

@@ -13,7 +13,8 @@ pages, site). Steps:
    with nbclient on the main model).
 2. **Pages**: every Markdown file under ``docs/`` is a Jinja template (numbers come from the
    JSON results, never typed in), copied into a staging folder with the figures (drawn from the
-   JSON by :mod:`mechsink.viz`), a gallery page per model and a page per executed notebook.
+   JSON by :mod:`mechsink.viz`), a gallery page per model, a page per executed notebook, and
+   a page per finding with a cross-model page (:mod:`docs.build.findings`).
 3. **Site**: ``mkdocs build`` (Material theme, web fonts off, circuitsvis's JavaScript served
    from the site itself: nothing loads from the internet) into ``docs/_site``.
 

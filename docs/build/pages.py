@@ -5,6 +5,7 @@ per executed notebook."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Site:
     snippets: dict[str, dict[str, Any]]
     notebooks: dict[str, Path]
     cache: Cache | None = None  # figures are cached too when given
+    findings: dict[str, dict[str, Any]] | None = None  # name -> {folder, model, settings}
 
 
 def _copy_sources(dst: Path) -> list[Path]:
@@ -115,8 +117,51 @@ def write_notebook_pages(site: Site, src: Path) -> None:
         shutil.copy2(folder / "executed.ipynb", src / "notebooks" / f"{name}.executed.ipynb")
 
 
-def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
-    """Copy and render every page into ``src``; returns the gallery pages for the nav."""
+def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
+    """A page per finding and the cross-model page (docs/build/findings.py); (title, path)."""
+    from docs.build.findings import (
+        FINDINGS,
+        cross_model_page,
+        finding_page,
+        index_page,
+        verdict_rows,
+    )
+    from mechsink.viz.gallery import flagged_runs
+
+    folder = src / "findings"
+    folder.mkdir(parents=True, exist_ok=True)
+    nav, entries = [], []
+    for f in FINDINGS:
+        got = (site.findings or {}).get(f.name)
+        if got is None:
+            continue
+        module = importlib.import_module(f"mechsink.experiments.{f.name}")
+        result_file = getattr(module, "RESULT_FILE", "result.json")
+        result = json.loads((got["folder"] / result_file).read_text("utf-8"))
+        assets = src / "assets" / "findings" / f.name
+        assets.mkdir(parents=True, exist_ok=True)
+        key = getattr(module, "FIGURE", None)
+        figures = sorted((p.name for p in got["folder"].glob("*.png")),
+                         key=lambda n: (n != key, n))
+        for name in [*figures, result_file]:
+            shutil.copy2(got["folder"] / name, assets / name)
+        page = finding_page(f, result, (got["folder"] / "summary.md").read_text("utf-8"),
+                            figures, got["model"], got["settings"],
+                            f"../assets/findings/{f.name}", result_file)
+        atomic_write_text(folder / f"{f.slug}.md", page)
+        nav.append((f.title, f"findings/{f.slug}.md"))
+        entries.append((f, verdict_rows(result), got["model"]))
+    if not entries:
+        return []
+    flagged = {m: flagged_runs(g) for m, g in site.gallery.items()}
+    atomic_write_text(folder / "cross-model.md", cross_model_page(site.census, flagged=flagged))
+    atomic_write_text(folder / "index.md", index_page(entries))
+    return [*nav, ("Across models: the first token", "findings/cross-model.md")]
+
+
+def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Copy and render every page into ``src``; returns the gallery and finding pages for the
+    nav."""
     try:
         import jinja2
     except ImportError as exc:  # pragma: no cover - jinja2 comes with mkdocs
@@ -147,13 +192,14 @@ def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
             raise RuntimeError(f"{page.relative_to(src)}: {exc}") from exc
         atomic_write_text(page, rendered)
     gallery = write_gallery(site, src, env)
+    findings = write_findings(site, src)
     if site.notebooks:
         write_notebook_pages(site, src)
     if site.plan.name == "quick":
         for page in sorted(src.rglob("*.md")):
             if page.relative_to(src).parts[0] not in NO_BANNER:
                 atomic_write_text(page, with_banner(page.read_text(encoding="utf-8"), site.plan))
-    return gallery
+    return gallery, findings
 
 
 NO_BANNER = ("api", "census-schema.md")  # pages that show no result

@@ -168,6 +168,33 @@ def run_circuit(cache: Cache, models: Models, name: str, model: str,
                      produce)
 
 
+def run_finding(cache: Cache, models: Models, name: str, settings: Mapping[str, Any],
+                main: str, done: Mapping[str, Path]) -> tuple[Path, str | None, dict[str, Any]]:
+    """The experiment of a finding page (result folder, model or None, run()'s settings): with
+    a model (``settings["model"]``, default ``main``), or training its own in ``work/`` inside
+    the result folder; ``run_dir`` ``@EXPERIMENT:PATH`` points into an earlier finding's."""
+    from mechsink.experiments import get_experiment
+
+    experiment = get_experiment(name)
+    settings = dict(settings)
+    model = settings.pop("model", main) if experiment.needs_model else None
+    settings.pop("model", None)
+    if isinstance(settings.get("run_dir"), str) and settings["run_dir"].startswith("@"):
+        other, _, rel = settings["run_dir"][1:].partition(":")
+        settings["run_dir"] = str(done[other] / "work" / rel)
+    if model is not None:
+        return run_circuit(cache, models, name, model, settings), model, settings
+
+    def produce(out: Path) -> None:
+        extra = {"work_dir": out / "work"} if "work_dir" in experiment.settings() else {}
+        experiment.run(**settings, **extra).save(out)
+
+    code = Path(experiment.module.__file__).read_bytes()
+    folder = cache.get(f"circuit-{name}", "trained", {
+        "settings": settings, "sha256": hashlib.sha256(code).hexdigest()}, produce)
+    return folder, None, settings
+
+
 def snippet_source(name: str, model: str) -> str:
     """A snippet's code as shown on its page: the ``MODEL = ...`` line names ``model``."""
     src = (DOCS / "snippets" / f"{name}.py").read_text(encoding="utf-8")
