@@ -9,6 +9,7 @@ from pathlib import Path
 from docs.build.offline import fetch_assets, require_offline
 from docs.build.plan import FULL, QUICK
 from docs.build.site import build
+from mechsink.errors import AssetError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,7 +36,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.fetch:
         fetch_assets()
         return
-    require_offline()
+    try:
+        require_offline()
+    except AssetError as exc:  # before any work: one message, no traceback
+        raise SystemExit(f"python -m docs.build: {exc}") from None
     out = build(QUICK if args.quick else FULL, site_dir=args.site, cache_dir=args.cache,
                 work_dir=args.work, notebooks=not args.no_notebooks, rerun=tuple(args.rerun))
     print(out / "index.html")
