@@ -78,7 +78,8 @@ bench: setup
 # takes seconds), renders the pages and builds docs/_site. MECHSINK_DOCS_QUICK=1: tiny models.
 docs: setup
 	$(BIN)/python -m docs.build
-	@echo "The site is in docs/_site: open docs/_site/index.html (it works offline)."
+	$(BIN)/python -m docs.build.check
+	@echo "The site is in docs/_site: open docs/_site/index.html (it works offline, from file://)."
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info build/compat

@@ -1,8 +1,9 @@
-"""The built docs site in a real browser: headless Chromium (Debian's ``chromium``, driven by
-Playwright) opens a gallery page and a tutorial page served from 127.0.0.1 and checks that the
-circuitsvis attention views rendered (their DOM elements exist and have a size), that no
-request left localhost, and that the console shows no error. Screenshots go to the test's
-temporary folder (their paths are printed; ``pytest -s`` shows them).
+"""The built docs site in a real browser, opened from ``file://`` as the README says: headless
+Chromium (Debian's ``chromium``, driven by Playwright, a fresh profile) walks every page
+(``tests/site_walk.py``: clicks links, fails on a JavaScript error, a dead anchor, a raw Sphinx
+role, a click that lands on a folder, a network request), checks that the circuitsvis
+attention views render, that images load and that search works offline. Screenshots go to the
+test's temporary folder (their paths are printed; ``pytest -s`` shows them).
 
 The site is built in quick mode (tiny models, about a minute on two cores). When Chromium or
 Playwright is missing the test is skipped and says how to install them (``.ci/run`` installs
@@ -11,21 +12,21 @@ Chromium; Playwright comes with ``pip install -e '.[dev]'``).
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import site_walk  # noqa: E402
+
+from docs.build.check import scan  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 def chromium_path() -> str:
-    path = os.environ.get("MECHSINK_CHROMIUM") or shutil.which("chromium") or shutil.which(
-        "chromium-browser")
+    path = site_walk.chromium_path()
     if not path:
         pytest.skip("Chromium not found: install Debian's package (apt-get install -y chromium) "
                     "or set MECHSINK_CHROMIUM to a Chromium executable.")
@@ -41,41 +42,27 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(site: Path):
-    handler = functools.partial(_QuietHandler, directory=str(site))
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
-
-
-@pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory: pytest.TempPathFactory):
     sync_api = pytest.importorskip(
         "playwright.sync_api",
         reason="Playwright is not installed: pip install -e '.[dev]' (it drives the system "
                "Chromium; no browser download is needed)")
     executable = chromium_path()
+    profile = tmp_path_factory.mktemp("chromium-profile")
     with sync_api.sync_playwright() as p:
         try:
-            b = p.chromium.launch(executable_path=executable, headless=True,
-                                  args=["--no-sandbox", "--disable-gpu"])
+            context = p.chromium.launch_persistent_context(
+                str(profile), executable_path=executable, headless=True,
+                args=site_walk.CHROMIUM_ARGS, viewport={"width": 1280, "height": 900})
         except Exception as exc:  # a Chromium that cannot start here is an environment problem
             pytest.skip(f"Chromium at {executable} does not start: {exc}")
-        yield b
-        b.close()
+        yield context
+        context.close()
 
 
-def visit(browser, url: str, origin: str, shot: Path) -> dict:
+def visit(browser, url: str, shot: Path) -> dict:
     """Open ``url``; record requests and console errors; wait for the attention views."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page = browser.new_page()
     requests: list[str] = []
     errors: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
@@ -97,18 +84,35 @@ def visit(browser, url: str, origin: str, shot: Path) -> dict:
     page.screenshot(path=str(shot), full_page=True)
     views.first.screenshot(path=str(shot.with_name(shot.stem + "-view.png")))
     page.close()
-    offsite = [u for u in requests if not (u.startswith(origin + "/") or u.startswith("data:")
-                                           or u.startswith("blob:"))]
+    offsite = [u for u in requests if not u.startswith(site_walk.OK_SCHEMES)]
     return {"count": count, "boxes": boxes, "inner": inner, "requests": requests,
             "offsite": offsite, "errors": errors}
 
 
-@pytest.mark.parametrize("page_path", ["gallery/random-llama-tiny/", "tutorials/scan/"])
-def test_attention_views_render_offline(browser, server: str, site: Path, page_path: str,
+def test_walking_every_page_from_file_finds_nothing_broken(browser, site: Path) -> None:
+    """Every page from file://, a few links clicked on each: the five counts are 0."""
+    static = scan(site)
+    assert static.pages > 15
+    for page in ("findings/index", "findings/chain", "findings/cross-model",
+                 "findings/headwise-rmsnorm", "findings/sink-free"):
+        assert (site / f"{page}.html").is_file(), page
+    assert static.counts() == dict.fromkeys(static.counts(), 0), {
+        k: v[:5] for k, v in static.problems.items()}
+    walk = site_walk.walk(site, clicks_per_page=2, browser=browser)
+    print(f"\nwalked {len(walk.pages)} pages, {walk.clicks} clicks")
+    assert len(walk.pages) == static.pages and walk.clicks > 30
+    problems = {k: getattr(walk, k)[:5] for k in ("errors", "requests", "dead_anchors",
+                                                  "raw_roles", "folders", "missing")}
+    assert not any(problems.values()), problems
+
+
+@pytest.mark.parametrize("page_path", ["gallery/random-llama-tiny.html", "tutorials/scan.html"])
+def test_attention_views_render_offline(browser, site: Path, page_path: str,
                                         tmp_path: Path) -> None:
-    assert (site / page_path / "index.html").is_file()
-    shot = tmp_path / (page_path.strip("/").replace("/", "-") + ".png")
-    seen = visit(browser, f"{server}/{page_path}", server, shot)
+    assert (site / page_path).is_file()
+    assert 'class="admonition warning quick-build"' in (site / page_path).read_text("utf-8")
+    shot = tmp_path / (page_path.removesuffix(".html").replace("/", "-") + ".png")
+    seen = visit(browser, (site / page_path).as_uri(), shot)
     print(f"\nscreenshots: {shot} and {shot.with_name(shot.stem + '-view.png')}")
 
     assert seen["count"] == 2, "expected the sink-head and the ordinary-head views"
@@ -116,7 +120,7 @@ def test_attention_views_render_offline(browser, server: str, site: Path, page_p
         assert box is not None and box["width"] > 100 and box["height"] > 50
         assert n_elements > 10, "circuitsvis rendered (almost) nothing"
     assert any(u.endswith("/assets/js/circuitsvis.js") for u in seen["requests"])
-    assert seen["offsite"] == [], f"requests left localhost: {seen['offsite']}"
+    assert seen["offsite"] == [], f"requests left the file system: {seen['offsite']}"
     assert seen["errors"] == [], seen["errors"]
     assert shot.stat().st_size > 10_000
 
@@ -140,17 +144,17 @@ def test_every_page_is_offline(site: Path) -> None:
         assert not re.search(r"url\(\s*['\"]?(?:https?:)?//", css.read_text("utf-8")), css
 
 
-@pytest.mark.parametrize("page_path", ["", "notebooks/patching_walkthrough/",
-                                       "concepts/sink-score/", "api/patching/"])
-def test_pages_load_their_figures_offline(browser, server: str, page_path: str) -> None:
-    """Every image on the page loads, from localhost only, with no console error."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+@pytest.mark.parametrize("page_path", ["index.html", "notebooks/patching_walkthrough.html",
+                                       "concepts/sink-score.html", "api/patching.html"])
+def test_pages_load_their_figures_offline(browser, site: Path, page_path: str) -> None:
+    """Every image on the page loads, from the site's files only, with no console error."""
+    page = browser.new_page()
     requests: list[str] = []
     errors: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(f"{server}/{page_path}", wait_until="load")
+    page.goto((site / page_path).as_uri(), wait_until="load")
     broken = page.evaluate("() => [...document.images].filter(i => !i.complete || "
                            "i.naturalWidth === 0).map(i => i.src)")
     n_images = page.evaluate("() => document.images.length")
@@ -158,18 +162,19 @@ def test_pages_load_their_figures_offline(browser, server: str, page_path: str) 
     assert broken == []
     if page_path.startswith(("notebooks", "concepts")):
         assert n_images >= 1
-    offsite = [u for u in requests if not u.startswith((server + "/", "data:", "blob:"))]
+    offsite = [u for u in requests if not u.startswith(site_walk.OK_SCHEMES)]
     assert offsite == [] and errors == []
 
 
-def test_search_works_offline(browser, server: str) -> None:
-    """Material's search runs from the site's own index (a web worker, no network)."""
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def test_search_works_offline_from_file(browser, site: Path) -> None:
+    """Material's search runs from file:// (search_index.js and a blob: worker, no network)
+    and its first result opens a page."""
+    page = browser.new_page()
     requests: list[str] = []
     errors: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     page.on("console", lambda m: errors.append(f"{m.type}: {m.text}"))
-    page.goto(f"{server}/", wait_until="load")
+    page.goto((site / "concepts" / "sink-score.html").as_uri(), wait_until="load")
     box = page.locator("input.md-search__input")
     box.click()
     page.wait_for_function(  # the worker has built its index: "Initializing search" is gone
@@ -186,6 +191,11 @@ def test_search_works_offline(browser, server: str) -> None:
         pytest.fail(f"no search result for {value!r}; meta {meta}; console {errors}; "
                     f"requests {requests}")
     hits = page.locator(".md-search-result__item").count()
+    page.locator(".md-search-result__item a").first.click()
+    page.wait_for_load_state("load")
+    landed = page.url
     page.close()
     assert hits > 0
-    assert all(u.startswith((server + "/", "data:", "blob:")) for u in requests), requests
+    assert landed.split("#")[0].endswith(".html"), landed
+    assert all(u.startswith(site_walk.OK_SCHEMES) for u in requests), requests
+    assert [e for e in errors if e.startswith("error")] == [], errors

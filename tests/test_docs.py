@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from pathlib import Path
 
 import matplotlib as mpl
@@ -213,7 +214,8 @@ def test_every_page_template_renders(tiny_census: dict, tmp_path: Path) -> None:
         {name: snippet for name in docs_build.SNIPPETS}, {})
     src = tmp_path / "src"
     src.mkdir()
-    gallery_pages = docs_build.render_pages(site, src)
+    gallery_pages, finding_pages = docs_build.render_pages(site, src)
+    assert finding_pages == []  # no finding results given
     assert gallery_pages == [("random:llama-tiny", "gallery/random-llama-tiny.md")]
     pages = sorted(src.rglob("*.md"))
     assert len(pages) >= 18
@@ -252,3 +254,242 @@ def test_patch_heatmap_is_drawn_from_the_saved_json(tmp_path: Path) -> None:
         "resid_pre: logit_diff; denoise: corrupted run -1, clean patched in (2)")
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0:'<s>'", "1:'a'", "2:'b'"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["L0", "L1"]
+
+
+def test_griffe_extension_turns_sphinx_roles_into_optional_refs_and_escapes_html() -> None:
+    from docs.build.griffe_sphinx import convert
+
+    text = ("Runs :func:`mechsink.measure.census.census` and :class:`~mechsink.errors.InputError`"
+            " on :mod:`mechsink.measure`; see :meth:`run`.\n"
+            "A <script> tag, an `inline <b>` span\n```html\n<script>x</script>\n```\n"
+            ">>> f('<bos>')")
+    out = convert(text, scope="mechsink.experiments.Experiment")
+    assert ('<autoref identifier="mechsink.measure.census.census" optional>'
+            '<code>mechsink.measure.census.census</code></autoref>') in out
+    assert ('<autoref identifier="mechsink.errors.InputError" optional>'
+            '<code>InputError</code>') in out
+    assert 'identifier="mechsink.experiments.Experiment.run"' in out
+    assert ":func:" not in out and ":class:" not in out
+    assert "A &lt;script> tag" in out  # prose HTML escaped ...
+    assert "`inline <b>` span" in out and "\n<script>x</script>\n" in out  # ... code kept
+    assert out.endswith(">>> f('<bos>')")
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def test_check_counts_folder_links_missing_targets_dead_anchors_and_raw_roles(
+        tmp_path: Path) -> None:
+    from docs.build.check import scan
+
+    _write(tmp_path / "index.html", '<a href="a/">f</a><a href="b.html">m</a>'
+           '<a href="a/p.html#nope">d</a><a href="a/p.html#here">ok</a><a href="#top">t</a>'
+           '<img src="/x.png"><p>see :func:<code>f</code></p><script>":func:`x`"</script>'
+           '<a href="https://example.org/">ext</a>')
+    _write(tmp_path / "a" / "p.html", '<h2 id="here">h</h2>')
+    report = scan(tmp_path)
+    assert report.counts() == {"links to folders": 1, "missing targets": 2, "dead anchors": 2,
+                               "raw Sphinx roles": 1}
+    _write(tmp_path / "index.html", '<a id="top" href="a/p.html#here">ok</a>')
+    assert set(scan(tmp_path).counts().values()) == {0}
+
+
+def test_hooks_make_404_relative_and_search_loadable_from_file(tmp_path: Path) -> None:
+    from docs.build import mkdocs_hooks
+
+    _write(tmp_path / "search" / "search_index.json", '{"docs": [{"text": "</script>"}]}')
+    _write(tmp_path / "assets" / "javascripts" / "workers" / "search.abc.min.js",
+           'self.onmessage=function(){"</script>"};\n//# sourceMappingURL=search.abc.min.js.map')
+    _write(tmp_path / "404.html", '<link rel="stylesheet" href="/assets/s.css"><a href="/">h</a>'
+           '<script id="__config">{"base": "/", "search": "/assets/w.js"}</script>'
+           '<script src="/assets/javascripts/bundle.1.min.js"></script>')
+    mkdocs_hooks.on_post_build({"site_dir": str(tmp_path)})
+    page = (tmp_path / "404.html").read_text()
+    assert 'href="/' not in page and 'src="/' not in page and '"base": "."' in page
+    assert '"search": "assets/w.js"' in page
+    index = (tmp_path / "search" / "search_index.js").read_text()
+    assert index.startswith("var __index = ") and json.loads(
+        index.removeprefix("var __index = ").rstrip(";\n").replace("<\\/", "</"))
+    shim = (tmp_path / mkdocs_hooks.SHIM).read_text()
+    assert "self.onmessage" in shim and "sourceMappingURL" not in shim and "</script" not in shim
+    html = mkdocs_hooks.on_post_page(
+        '<script src="../assets/javascripts/bundle.1.min.js"></script>', None, None)
+    assert html.startswith(f'<script src="../{mkdocs_hooks.SHIM}"></script>')
+
+
+def test_quick_pages_open_with_the_tiny_model_banner() -> None:
+    from docs.build.pages import with_banner
+
+    text = with_banner("<!-- x -->\n# Title\n\nBody", docs_build.QUICK)
+    head, body = text.split("# Title\n", 1)
+    assert head == "<!-- x -->\n" and body.lstrip().startswith('!!! warning quick-build')
+    assert "random:llama-tiny" in body and "untrained" in body and body.endswith("Body")
+
+
+class _NoModels:
+    """A model pool that fails if the build tries to compute anything."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def __call__(self, name: str):
+        self.asked.append(name)
+        raise AssertionError(f"the build loaded {name} instead of reusing the census")
+
+
+def test_scan_reuses_a_matching_report_census_and_recomputes_a_different_one(
+        tiny_census: dict, tmp_path: Path) -> None:
+    from docs.build.runners import run_scan
+
+    report = tmp_path / "report" / "census.json"
+    _write(report, json.dumps(tiny_census))
+    settings = {"n": 2, "seq_len": 12, "eps": tiny_census["settings"]["eps"], "seed": 0,
+                "batch_size": 4}  # batch_size does not change the numbers: still reused
+    models = _NoModels()
+    data = run_scan(docs_build.Cache(tmp_path / "cache"), models, "random:llama-tiny",
+                    settings, reuse=(report,))
+    assert models.asked == [] and data["runs"] == tiny_census["runs"]
+    with pytest.raises(AssertionError, match="loaded random:llama-tiny"):
+        run_scan(docs_build.Cache(tmp_path / "cache"), models, "random:llama-tiny",
+                 {**settings, "seed": 1}, reuse=(report,))
+    with pytest.raises(AssertionError, match="loaded organism"):  # another model's census
+        run_scan(docs_build.Cache(tmp_path / "cache"), models, "organism:bb-gpt2-tiny",
+                 settings, reuse=(report,))
+
+
+def test_the_build_refuses_to_start_when_it_would_download(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from docs.build import offline
+    from mechsink.errors import AssetError
+    from mechsink.model.assets import Asset
+
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path))
+    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    absent = Asset("mechsink-no-such-package", "0.0.1", "x/data.bin", "0" * 64)
+    with pytest.raises(AssetError, match=r"runs offline.*docs.build --fetch"):
+        offline.require_offline((absent,))
+    assert "PIP_NO_INDEX" not in os.environ
+    offline.require_offline(())
+    assert os.environ["PIP_NO_INDEX"] == "1"
+
+
+def test_cache_reruns_when_asked_and_lists_results_of_other_code(tmp_path: Path) -> None:
+    calls = []
+
+    def produce(out: Path) -> None:
+        calls.append(out)
+
+    docs_build.Cache(tmp_path).get("circuit-p0_sink", "m", {"n": 1}, produce)
+    again = docs_build.Cache(tmp_path, rerun=("scan",))
+    again.get("circuit-p0_sink", "m", {"n": 1}, produce)
+    assert len(calls) == 1 and again.stale == []
+    docs_build.Cache(tmp_path, rerun=("circuit-*",)).get("circuit-p0_sink", "m", {"n": 1},
+                                                         produce)
+    assert len(calls) == 2
+    older = docs_build.Cache(tmp_path)
+    older._code = "other code"
+    folder = older.get("circuit-p0_sink", "m", {"n": 1}, produce)
+    assert len(calls) == 2 and older.stale == [folder.name]
+
+
+def test_inputs_of_one_repeated_token_are_flagged_not_shown_as_text() -> None:
+    import torch
+
+    from docs.build.runners import degenerate
+
+    bos_only = torch.full((2, 6), 7)
+    rand_first = torch.tensor([[3, 7, 7, 7], [5, 7, 7, 7]])
+    repeated = torch.tensor([[1, 4, 4, 4], [1, 9, 9, 9]])
+    text = torch.tensor([[1, 4, 5, 6], [1, 9, 2, 2]])
+    assert degenerate(bos_only, "natural") and degenerate(bos_only, "repeated")
+    assert degenerate(rand_first, "natural") and not degenerate(rand_first, "repeated")
+    assert not degenerate(repeated, "repeated") and not degenerate(text, "natural")
+
+    heads = [{"kind": "sink", "layer": 0, "head": 0, "sink_score": 1.0,
+              "pattern": [[1.0], [1.0, 0.0]]}]
+    flat = {"schema": "mechsink-gallery/1", "run": "natural/bos", "tokens": ["<bos>"] * 2,
+            "identical": True, "heads": heads,
+            "inputs": {"natural/bos": {"distinct_tokens": 1, "identical": True},
+                       "random/bos": {"distinct_tokens": 56, "identical": False}}}
+    block = gallery.gallery_blocks(flat)
+    assert "mechsink-cv" not in block and block.startswith('!!! warning "No text to show"')
+    assert "2 tokens" in block and "(`<bos>` then the same token)" in block
+    assert gallery.flagged_runs(flat) == ["natural/bos"]
+    assert "`natural/bos` (1 distinct token id)" in gallery.inputs_warning(flat)
+    assert "random/bos" not in gallery.inputs_warning(flat)
+    ok = {**flat, "identical": False, "inputs": {}}
+    assert "mechsink-cv" in gallery.gallery_blocks(ok) and gallery.inputs_warning(ok) == ""
+
+
+def test_verdict_rows_read_the_three_shapes_experiments_use() -> None:
+    from docs.build.findings import verdict_rows, verdict_table
+
+    data = {"verdict_convergence": "not supported (slower)",
+            "verdicts": {"C1": {"verdict": "supported", "criterion": "ratio > 1",
+                                "evidence": "ratio 8.2 [7.1, 9.0]"}},
+            "ablations": {"query bias": {"verdict": "necessary", "fraction_kept": 0.04,
+                                         "per_head": [0.01, 0.02]}}}
+    rows = verdict_rows(data)
+    assert {"claim": "convergence", "verdict": "not supported (slower)", "criterion": "",
+            "measured": ""} in rows
+    assert {"claim": "C1", "verdict": "supported", "criterion": "ratio > 1",
+            "measured": "ratio 8.2 [7.1, 9.0]"} in rows
+    ablation = next(r for r in rows if r["claim"] == "ablations / query bias")
+    assert ablation["verdict"] == "necessary" and "fraction kept 0.04" in ablation["measured"]
+    table = verdict_table(rows)
+    assert table.startswith("Table: verdicts") and table.count("\n| ") == 4
+    assert "no verdict" in verdict_table([])
+
+
+def _model_census(model: str, rates: dict[str, float]) -> dict:
+    runs = [{"suite": "natural", "variant": v, "name": f"natural/{v}", "sink_rate": r,
+             "sink_rate_no_self": r / 2, "sink_score": [[r, 0.0]], "sink_rate_per_layer": [r]}
+            for v, r in rates.items()]
+    return {"model": model, "runs": runs, "settings": {"eps": 0.3}}
+
+
+def test_cross_model_page_tells_what_the_first_token_variants_show() -> None:
+    from docs.build.findings import cross_model_page
+
+    census = {"qwen": _model_census("qwen", {"bos": 0.025, "nobos": 0.57, "randfirst": 0.55}),
+              "gemma": _model_census("gemma", {"bos": 0.79, "nobos": 0.0, "randfirst": 0.02}),
+              "tiny": _model_census("tiny", {"bos": 0.0, "nobos": 0.0, "randfirst": 0.0})}
+    page = cross_model_page(census, flagged={"tiny": ["natural/bos", "random/bos"]})
+    assert "`tiny` hardly sinks" in page and "† Its `natural/bos` inputs are one repeated" in page
+    assert "| `tiny` | 0 (0) † | 0 (0) | 0 (0) |" in page
+    assert "`qwen` sinks at position 0 without a BOS token (0.57) but hardly with it (0.025)" \
+        in page
+    assert "`gemma` sinks on its BOS token (0.79) and not without it (0)" in page
+    assert "`tiny` hardly sinks" in page
+    assert "| `qwen` | 0.025 (0.013) | 0.57 (0.285) | 0.55 (0.275) |" in page
+
+
+def test_finding_page_opens_with_the_finding_and_its_figure_and_folds_the_raw_summary(
+        ) -> None:
+    from docs.build.findings import BY_NAME, finding_page
+
+    result = {"verdicts": {"C2": {"verdict": "not supported", "criterion": "below 10%",
+                                  "evidence": "0.1 -> 0.1"}}}
+    page = finding_page(BY_NAME["structural_origin"], result,
+                        "# T\n\n| a | b |\n|---|---|\n| 1 | 2 |\n", ["structural_origin.png"],
+                        "random:llama-tiny", {"n": 4, "positions": [8, 16]}, "../assets/x")
+    lines = page.splitlines()
+    assert lines[0].startswith("# The chain") and lines[2].startswith("**What is tested.**")
+    assert "**Finding on `random:llama-tiny`.** C2: **not supported**." in page
+    assert page.index("![The chain") < page.index("## Verdicts") < page.index('??? note')
+    assert "    | 1 | 2 |" in page  # the raw table is inside the folded block
+    assert ("mechsink circuit structural_origin random:llama-tiny --out runs/structural_origin "
+            "--n 4 --positions 8 16") in page
+
+
+def test_a_finding_without_verdicts_shows_its_main_table_unfolded() -> None:
+    from docs.build.findings import BY_NAME, finding_page
+
+    summary = "# T\n\nSeeds [0].\n\n| arm | loss |\n|---|---|\n| softmax | 3.98 [3.9, 4.0] |\n"
+    page = finding_page(BY_NAME["sink_free"], {"tasks": {}}, summary, ["sink_free.png"], None,
+                        {"seeds": [0]}, "../assets/x")
+    assert "no verdict of its own" in page
+    assert page.index("\n| softmax | 3.98 [3.9, 4.0] |") < page.index("??? note")
+    assert "mechsink circuit sink_free --out runs/sink_free --seeds 0" in page

@@ -13,12 +13,18 @@ pages, site). Steps:
    with nbclient on the main model).
 2. **Pages**: every Markdown file under ``docs/`` is a Jinja template (numbers come from the
    JSON results, never typed in), copied into a staging folder with the figures (drawn from the
-   JSON by :mod:`mechsink.viz`), a gallery page per model and a page per executed notebook.
+   JSON by :mod:`mechsink.viz`), a gallery page per model, a page per executed notebook, and
+   a page per finding with a cross-model page (:mod:`docs.build.findings`).
 3. **Site**: ``mkdocs build`` (Material theme, web fonts off, circuitsvis's JavaScript served
    from the site itself: nothing loads from the internet) into ``docs/_site``.
 
 ``--quick`` (or ``MECHSINK_DOCS_QUICK=1``) builds the same site on tiny models in about a
-minute on two cores (the browser test uses it).
+minute on two cores (the browser test uses it); its pages carry a banner saying so.
+
+The build runs offline (:mod:`docs.build.offline`: ``--fetch`` fetches the registry files it
+reads, beforehand), reuses ``report/census.json`` when it is the census it would compute
+(:func:`docs.build.runners.reusable_census`), redoes cached results on ``--rerun KIND``, and
+``python -m docs.build.check`` counts what would break from ``file://``.
 """
 
 from __future__ import annotations

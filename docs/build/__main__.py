@@ -6,8 +6,10 @@ import argparse
 import os
 from pathlib import Path
 
+from docs.build.offline import fetch_assets, require_offline
 from docs.build.plan import FULL, QUICK
 from docs.build.site import build
+from mechsink.errors import AssetError
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -22,10 +24,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None, help="staging folder (docs/_build)")
     parser.add_argument("--no-notebooks", action="store_true",
                         help="skip executing and rendering the notebooks")
+    parser.add_argument("--fetch", action="store_true",
+                        help="fetch the registry files the build reads, then stop (the one "
+                             "step that uses the network; `make setup` runs it)")
+    parser.add_argument("--rerun", action="append", default=[], metavar="KIND",
+                        help="redo cached results of this kind even if nothing changed "
+                             "(scan, gallery, figures, circuit-p0_sink, circuit-*, snippet-*, "
+                             "notebook-*; repeatable)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.fetch:
+        fetch_assets()
+        return
+    try:
+        require_offline()
+    except AssetError as exc:  # before any work: one message, no traceback
+        raise SystemExit(f"python -m docs.build: {exc}") from None
     out = build(QUICK if args.quick else FULL, site_dir=args.site, cache_dir=args.cache,
-                work_dir=args.work, notebooks=not args.no_notebooks)
+                work_dir=args.work, notebooks=not args.no_notebooks, rerun=tuple(args.rerun))
     print(out / "index.html")
 
 

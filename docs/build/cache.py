@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
@@ -11,7 +12,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from docs.build.plan import CACHE_VERSION
+from docs.build.plan import CACHE_VERSION, ROOT
 from mechsink.io import atomic_dir, atomic_write_json
 
 
@@ -24,13 +25,37 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")
 
 
-class Cache:
-    """Folders of finished results, one per (kind, model, settings)."""
+def code_digest() -> str:
+    """sha256 of mechsink's source (every ``mechsink/**/*.py``), recorded with each result so a
+    build can say which cached results older code made."""
+    h = hashlib.sha256()
+    for f in sorted((ROOT / "mechsink").rglob("*.py")):
+        h.update(f.relative_to(ROOT).as_posix().encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
 
-    def __init__(self, root: Path) -> None:
+
+class Cache:
+    """Folders of finished results, one per (kind, model, settings).
+
+    A result is re-run when its key changes (the settings, and for experiments, snippets and
+    notebooks the code they run) or when asked: ``rerun`` holds shell patterns of kinds
+    (``scan``, ``circuit-*``). Results made by other mechsink code are reused but listed in
+    ``stale`` (the build prints them)."""
+
+    def __init__(self, root: Path, rerun: tuple[str, ...] = ()) -> None:
         self.root = Path(root)
+        self.rerun = tuple(rerun)
         self.hits: list[str] = []
         self.runs: list[tuple[str, float]] = []
+        self.stale: list[str] = []
+        self._code: str | None = None
+
+    @property
+    def code(self) -> str:
+        if self._code is None:
+            self._code = code_digest()
+        return self._code
 
     def folder(self, kind: str, model: str, settings: Mapping[str, Any]) -> Path:
         key = json.dumps({"kind": kind, "model": model, "settings": settings,
@@ -42,8 +67,16 @@ class Cache:
             produce: Callable[[Path], None]) -> Path:
         """The finished folder for these settings, running ``produce(tmp_folder)`` if needed."""
         final = self.folder(kind, model, settings)
-        if (final / ".done").is_file():
+        asked = any(fnmatch.fnmatchcase(kind, p) for p in self.rerun)
+        if (final / ".done").is_file() and not asked:
             self.hits.append(final.name)
+            try:
+                made_by = json.loads((final / "settings.json").read_text("utf-8")).get(
+                    "mechsink_code")
+            except (OSError, ValueError):
+                made_by = None
+            if made_by != self.code:
+                self.stale.append(final.name)
             return final
         log(f"running {kind} on {model} ...")
         start = time.perf_counter()
@@ -52,7 +85,8 @@ class Cache:
             took = time.perf_counter() - start
             atomic_write_json(tmp / "settings.json", {"kind": kind, "model": model,
                                                       "settings": settings,
-                                                      "seconds": round(took, 1)},
+                                                      "seconds": round(took, 1),
+                                                      "mechsink_code": self.code},
                               sort_keys=True)
             (tmp / ".done").touch()
         self.runs.append((final.name, took))

@@ -5,6 +5,7 @@ per executed notebook."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import shutil
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ class Site:
     snippets: dict[str, dict[str, Any]]
     notebooks: dict[str, Path]
     cache: Cache | None = None  # figures are cached too when given
+    findings: dict[str, dict[str, Any]] | None = None  # name -> {folder, model, settings}
 
 
 def _copy_sources(dst: Path) -> list[Path]:
@@ -83,7 +85,7 @@ def write_assets(site: Site, src: Path) -> None:
 
 def write_gallery(site: Site, src: Path, env: Any) -> list[tuple[str, str]]:
     """One page per gallery model from ``docs/_templates/gallery_model.md``; (title, path)."""
-    from mechsink.viz.gallery import gallery_blocks
+    from mechsink.viz.gallery import gallery_blocks, inputs_warning
 
     template = env.from_string((DOCS / "_templates" / "gallery_model.md").read_text("utf-8"))
     pages = []
@@ -91,7 +93,8 @@ def write_gallery(site: Site, src: Path, env: Any) -> list[tuple[str, str]]:
         rel = f"gallery/{slug(model)}.md"
         text = template.render(model=model, data=data, s=slug(model), assets="../assets",
                                attention=gallery_blocks(site.gallery[model], prefix=f"cv{i}"),
-                               gallery=site.gallery[model], **helpers())
+                               gallery=site.gallery[model], inputs_warning=inputs_warning,
+                               **helpers())
         atomic_write_text(src / rel, text)
         pages.append((model, rel))
     return pages
@@ -114,8 +117,51 @@ def write_notebook_pages(site: Site, src: Path) -> None:
         shutil.copy2(folder / "executed.ipynb", src / "notebooks" / f"{name}.executed.ipynb")
 
 
-def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
-    """Copy and render every page into ``src``; returns the gallery pages for the nav."""
+def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
+    """A page per finding and the cross-model page (docs/build/findings.py); (title, path)."""
+    from docs.build.findings import (
+        FINDINGS,
+        cross_model_page,
+        finding_page,
+        index_page,
+        verdict_rows,
+    )
+    from mechsink.viz.gallery import flagged_runs
+
+    folder = src / "findings"
+    folder.mkdir(parents=True, exist_ok=True)
+    nav, entries = [], []
+    for f in FINDINGS:
+        got = (site.findings or {}).get(f.name)
+        if got is None:
+            continue
+        module = importlib.import_module(f"mechsink.experiments.{f.name}")
+        result_file = getattr(module, "RESULT_FILE", "result.json")
+        result = json.loads((got["folder"] / result_file).read_text("utf-8"))
+        assets = src / "assets" / "findings" / f.name
+        assets.mkdir(parents=True, exist_ok=True)
+        key = getattr(module, "FIGURE", None)
+        figures = sorted((p.name for p in got["folder"].glob("*.png")),
+                         key=lambda n: (n != key, n))
+        for name in [*figures, result_file]:
+            shutil.copy2(got["folder"] / name, assets / name)
+        page = finding_page(f, result, (got["folder"] / "summary.md").read_text("utf-8"),
+                            figures, got["model"], got["settings"],
+                            f"../assets/findings/{f.name}", result_file)
+        atomic_write_text(folder / f"{f.slug}.md", page)
+        nav.append((f.title, f"findings/{f.slug}.md"))
+        entries.append((f, verdict_rows(result), got["model"]))
+    if not entries:
+        return []
+    flagged = {m: flagged_runs(g) for m, g in site.gallery.items()}
+    atomic_write_text(folder / "cross-model.md", cross_model_page(site.census, flagged=flagged))
+    atomic_write_text(folder / "index.md", index_page(entries))
+    return [*nav, ("Across models: the first token", "findings/cross-model.md")]
+
+
+def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Copy and render every page into ``src``; returns the gallery and finding pages for the
+    nav."""
     try:
         import jinja2
     except ImportError as exc:  # pragma: no cover - jinja2 comes with mkdocs
@@ -146,6 +192,33 @@ def render_pages(site: Site, src: Path) -> list[tuple[str, str]]:
             raise RuntimeError(f"{page.relative_to(src)}: {exc}") from exc
         atomic_write_text(page, rendered)
     gallery = write_gallery(site, src, env)
+    findings = write_findings(site, src)
     if site.notebooks:
         write_notebook_pages(site, src)
-    return gallery
+    if site.plan.name == "quick":
+        for page in sorted(src.rglob("*.md")):
+            if page.relative_to(src).parts[0] not in NO_BANNER:
+                atomic_write_text(page, with_banner(page.read_text(encoding="utf-8"), site.plan))
+    return gallery, findings
+
+
+NO_BANNER = ("api", "census-schema.md")  # pages that show no result
+
+
+def quick_banner(plan: Plan) -> str:
+    """The admonition every result page of a quick build opens with."""
+    models = ", ".join(f"`{m}`" for m in plan.scans)
+    return (f'!!! warning quick-build "Quick build: tiny untrained models"\n'
+            f"    This site was built with `MECHSINK_DOCS_QUICK=1`: the numbers, figures and "
+            f"tables on this page come from {models} (random-init or tiny toy models) with a few "
+            f"short prompts. They show what the page looks like, not what trained models do; "
+            f"`make docs` builds it from the real models.\n\n")
+
+
+def with_banner(text: str, plan: Plan) -> str:
+    """``text`` with the quick-build banner after its ``# title`` (or at the top)."""
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("# "):
+            return "\n".join([*lines[: i + 1], "", quick_banner(plan), *lines[i + 1:]])
+    return quick_banner(plan) + text

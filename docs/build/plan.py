@@ -28,6 +28,9 @@ class Plan:
     scans: dict[str, dict[str, Any]]  # gallery model -> census settings
     circuit_settings: dict[str, dict[str, Any]] = field(default_factory=dict)  # run()'s
     notebook_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # besides MODEL
+    # finding page -> run()'s settings; "model": the model (default: main; None: the experiment
+    # trains its own); a "run_dir" of "@EXPERIMENT:PATH" is PATH inside that finding's result
+    findings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 SCAN_DEFAULTS = {"n": 32, "seq_len": 64, "eps": DEFAULT_EPS, "seed": 0, "batch_size": 8}
@@ -42,6 +45,10 @@ FULL = Plan(
     {"structural_origin": {}, "p0_sink": {}},
     {"sink_census_walkthrough": {"N": 8, "SEQ_LEN": 64},
      "researcher_tour": {"N": 8, "SEQ_LEN": 32}},
+    {"p0_edges": {}, "gpt2_query_bias": {"model": "organism:bb-gpt2-tiny"},
+     "headwise_rmsnorm": {"model": None},
+     "sink_timeline": {"model": None, "run_dir": "@headwise_rmsnorm:runs/bb-gpt2-tiny-seed0"},
+     "seedprint": {"model": None}, "sink_free": {"model": None}},
 )
 QUICK = Plan(
     "quick", "random:llama-tiny",
@@ -52,4 +59,13 @@ QUICK = Plan(
      "p0_sink": {"n": 4, "seq_len": 32}},
     {"sink_census_walkthrough": {"N": 4, "SEQ_LEN": 32},
      "researcher_tour": {"N": 4, "SEQ_LEN": 16}},
+    {"p0_edges": {"n": 2, "seq_len": 16, "steps": 2, "verify": 4, "n_random": 1},
+     "gpt2_query_bias": {"model": "organism:bb-gpt2-tiny", "n": 4, "seq_len": 16},
+     "headwise_rmsnorm": {"model": None, "seeds": [0], "steps": 16},
+     "sink_timeline": {"model": None, "run_dir": "@headwise_rmsnorm:runs/bb-gpt2-tiny-seed0",
+                       "n": 8},
+     "seedprint": {"model": None, "steps": 4, "depths": [2], "n": 8, "k": 8, "null_inits": 3,
+                   "held_out_inits": 2},
+     "sink_free": {"model": None, "recipes": ["bb-llama-tiny"], "variants": ["softmax1", "sigmoid"],
+                   "seeds": [0], "steps": [16]}},
 )

@@ -13,7 +13,14 @@ from pathlib import Path
 from docs.build.cache import Cache, Models, log
 from docs.build.pages import Site, render_pages
 from docs.build.plan import CIRCUITS, CONFIG, DOCS, FULL, NOTEBOOKS, ROOT, SNIPPETS, Plan
-from docs.build.runners import run_circuit, run_gallery, run_notebook, run_scan, run_snippet
+from docs.build.runners import (
+    run_circuit,
+    run_finding,
+    run_gallery,
+    run_notebook,
+    run_scan,
+    run_snippet,
+)
 from docs.build.tables import summary_body
 from mechsink.io import atomic_write_text
 
@@ -32,14 +39,23 @@ def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
                           "result": json.loads((folder / "result.json").read_text("utf-8")),
                           "summary": summary_body((folder / "summary.md").read_text("utf-8")),
                           "figures": sorted(f.name for f in folder.glob("*.png"))}
+    done = {name: c["folder"] for name, c in circuits.items()}
+    findings = {}
+    for name, settings in plan.findings.items():
+        folder, model, used = run_finding(cache, models, name, settings, plan.main, done)
+        done[name] = folder
+        findings[name] = {"folder": folder, "model": model, "settings": used}
+    for name in CIRCUITS:
+        findings[name] = {"folder": circuits[name]["folder"], "model": plan.main,
+                          "settings": plan.circuit_settings.get(name, {})}
     snippets = {name: run_snippet(cache, name, plan.main) for name in SNIPPETS}
     nbs = ({name: run_notebook(cache, name, plan.main, plan.notebook_params.get(name, {}))
             for name in NOTEBOOKS} if notebooks else {})
-    return Site(plan, census, gallery, circuits, snippets, nbs, cache)
+    return Site(plan, census, gallery, circuits, snippets, nbs, cache, findings)
 
 
 def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str, str]],
-                 notebooks: bool) -> Path:
+                 notebooks: bool, findings: list[tuple[str, str]] | None = None) -> Path:
     """The mkdocs.yml for this build: the repository's, with the folders and nav filled in."""
     import yaml
 
@@ -53,30 +69,41 @@ def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str,
             value = [{"Overview": "gallery/index.md"}] + [{m: p} for m, p in gallery]
         if title == "Notebooks" and not notebooks:
             continue
+        if title == "Findings":
+            if not findings:
+                continue
+            value = [{"Overview": "findings/index.md"}] + [{t: p} for t, p in findings]
         nav.append({title: value})
     cfg["nav"] = nav
+    cfg["hooks"] = [str(ROOT / h) for h in cfg.get("hooks", [])]  # the config moves to work/
     for plugin in cfg.get("plugins", []):
         if isinstance(plugin, dict) and "mkdocstrings" in plugin:
-            plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
+            python = plugin["mkdocstrings"]["handlers"]["python"]
+            python["paths"] = [str(ROOT)]
+            python["options"]["extensions"] = [
+                str(ROOT / e) if isinstance(e, str) and e.split(":")[0].endswith(".py") else e
+                for e in python["options"].get("extensions", [])]
     path = work / "mkdocs.yml"
     atomic_write_text(path, yaml.safe_dump(cfg, sort_keys=False))
     return path
 
 
 def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | None = None,
-          work_dir: Path | None = None, notebooks: bool = True) -> Path:
-    """Run the experiments (cached), render the pages and build the site; returns site_dir."""
+          work_dir: Path | None = None, notebooks: bool = True,
+          rerun: tuple[str, ...] = ()) -> Path:
+    """Run the experiments (cached; ``rerun``: kinds to redo anyway, e.g. ``circuit-*``),
+    render the pages and build the site; returns site_dir."""
     start = time.perf_counter()
     site_dir = Path(site_dir or DOCS / "_site").resolve()
-    cache = Cache(Path(cache_dir or DOCS / "_cache").resolve())
+    cache = Cache(Path(cache_dir or DOCS / "_cache").resolve(), rerun=rerun)
     work = Path(work_dir or DOCS / "_build").resolve()
     site = collect(plan, cache, notebooks=notebooks)
     t_exp = time.perf_counter() - start
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)
     src.mkdir(parents=True)
-    gallery = render_pages(site, src)
-    config = write_config(work, src, site_dir, gallery, notebooks)
+    gallery, findings = render_pages(site, src)
+    config = write_config(work, src, site_dir, gallery, notebooks, findings)
     t_mk = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--clean", "--strict",
                            "-q", "-f", str(config)], cwd=work, capture_output=True, text=True)
@@ -85,4 +112,7 @@ def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | 
     log(f"{plan.name} build: experiments {t_exp:.1f} s ({len(cache.runs)} run, "
         f"{len(cache.hits)} cached), mkdocs {time.perf_counter() - t_mk:.1f} s, "
         f"total {time.perf_counter() - start:.1f} s -> {site_dir}")
+    if cache.stale:
+        log(f"{len(cache.stale)} cached results were made by other mechsink code (reused; "
+            f"--rerun KIND redoes them): {', '.join(cache.stale)}")
     return site_dir

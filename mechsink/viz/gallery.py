@@ -92,10 +92,40 @@ def attention_block(element_id: str, tokens: Sequence[str],
     )
 
 
+def flagged_runs(gallery: Mapping[str, Any]) -> list[str]:
+    """The census runs whose inputs hold no text (the gallery JSON's ``inputs``: one token id
+    throughout, or one id after the first position), in census order."""
+    return [run for run, info in (gallery.get("inputs") or {}).items() if info.get("identical")]
+
+
+def inputs_warning(gallery: Mapping[str, Any]) -> str:
+    """A Markdown warning naming the flagged runs (empty when there are none): their numbers
+    measure a sequence of one repeated token, not text."""
+    runs = flagged_runs(gallery)
+    if not runs:
+        return ""
+    listed = ", ".join(f"`{r}` ({gallery['inputs'][r]['distinct_tokens']} distinct token id"
+                       f"{'s' if gallery['inputs'][r]['distinct_tokens'] != 1 else ''})"
+                       for r in runs)
+    return ('!!! warning "Inputs without text"\n'
+            f"    These runs' inputs are one token repeated, not text: {listed}. Their numbers "
+            "describe that degenerate input (the model's tokenizer cannot encode the corpus), "
+            "so read them as such.\n")
+
+
 def gallery_blocks(gallery: Mapping[str, Any], prefix: str = "cv") -> str:
-    """The sink heads and the ordinary heads of a gallery JSON, as two attention blocks."""
+    """The sink heads and the ordinary heads of a gallery JSON, as two attention blocks; a
+    warning instead when the sequence is one repeated token (nothing to read as text)."""
     if gallery.get("schema") != GALLERY_SCHEMA:
         raise ValueError(f"not a {GALLERY_SCHEMA} document (schema {gallery.get('schema')!r})")
+    if gallery.get("identical"):
+        tokens = gallery["tokens"]
+        return ('!!! warning "No text to show"\n'
+                f"    The {gallery['run']} sequence of this model is {len(tokens)} tokens with "
+                f"no text in them (`{tokens[0]}` then "
+                f"{'the same token' if len(set(tokens[1:])) == 1 else 'one token repeated'}): "
+                "its tokenizer cannot encode the natural-text corpus. The attention views are "
+                "left out; the census's other suites still measure the model.\n")
     out = []
     for kind, title in (("sink", "Strongest sink heads"),
                         ("ordinary", "Ordinary heads (lowest sink score), for contrast")):

@@ -1,0 +1,276 @@
+"""A page per finding: each experiment of :mod:`mechsink.experiments` opens with what it tests
+and its key figure, then a verdict table (claim, verdict, criterion, what was measured, with the
+intervals the experiment reports), the full summary folded away, and the command that made it;
+plus a cross-model page (models x first-token variants) from the censuses. Everything is read
+from the experiments' own ``result.json`` (and ``census.json``), so the pages re-render in
+seconds from cached or committed results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from docs.build.tables import cli_options, escape_cell_pipes, fmt, summary_body
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding page: the experiment behind it, its title and what it tests (and whose)."""
+
+    name: str  # the experiment of mechsink.experiments
+    slug: str  # the page: findings/<slug>.md
+    title: str
+    tests: str  # one or two sentences: the claim and where it comes from
+
+
+FINDINGS = (
+    Finding("structural_origin", "chain", "The chain: super neurons make the sink (dose-response)",
+            "Position 0 becomes the sink through a chain: the attention output at position 0 "
+            "varies more than elsewhere, a small set of super neurons writes a massive channel "
+            "there, and late-layer heads sink onto it. Scaling the super-neuron set by a dose "
+            "(0 removes it, 1 is clean) should move the channel and the sink together (Li, "
+            "Jiang, Sun et al. 2026, \"The Structural Origin of Attention Sink\")."),
+    Finding("p0_sink", "p0-circuit", "The P0-sink circuit (path patching)",
+            "Which heads and MLPs carry the sink at position 0, found by path patching, and "
+            "whether it needs a BOS token (Peng, Li et al. 2026, \"How Attention Sinks Emerge "
+            "in Large Language Models\")."),
+    Finding("p0_edges", "edge-circuit", "The P0-sink circuit as an edge graph",
+            "The same circuit as edges between components, found by edge attribution patching "
+            "with integrated gradients (EAP-IG, Hanna, Pezzelle and Belinkov 2024, \"Have Faith "
+            "in Faithfulness\"), checked against exact patching, with the faithfulness of the "
+            "edge circuit next to the greedy node circuit's."),
+    Finding("gpt2_query_bias", "query-bias-circuit", "The query-bias circuit of GPT-2-style models",
+            "In GPT-2-style models the sink heads may not need the first token's content: the "
+            "query and key biases alone could point every query at position 0. Each ablation "
+            "below removes one ingredient and measures how much of the sink is kept."),
+    Finding("sink_free", "sink-free", "Sink-free attention variants",
+            "Twin models trained with softmax and with each sink-free attention variant "
+            "(softmax-plus-one, a sink logit, gated attention, softpick, sigmoid attention, a "
+            "key-value bias): which variants remove the sink, and at what cost in loss."),
+    Finding("seedprint", "seedprint", "SeedPrint: structure at random initialisation",
+            "Untrained models already prefer some tokens and contract some directions; SeedPrint "
+            "tells which random initialisation a model came from (Li, Tong, Wang et al. 2026)."),
+    Finding("sink_timeline", "timeline", "The sink timeline during training",
+            "The sink measurements at every checkpoint of a training run: when the sink appears "
+            "and how it grows."),
+    Finding("headwise_rmsnorm", "headwise-rmsnorm", "Head-wise RMSNorm",
+            "Twin organisms trained with and without a head-wise RMSNorm on the attention "
+            "output: does the norm speed convergence, and what does it do to the sink?"),
+)
+BY_NAME = {f.name: f for f in FINDINGS}
+
+
+# --- verdicts ----------------------------------------------------------------------------------
+
+
+def verdict_rows(data: Mapping[str, Any]) -> list[dict[str, str]]:
+    """Every verdict in a result: ``{claim, verdict, criterion, measured}``.
+
+    Experiments state verdicts in three shapes, all read here: a ``verdicts`` mapping of claim
+    -> ``{verdict, criterion, evidence}``; any nested mapping holding a ``verdict`` (its other
+    scalar fields are what was measured); a top-level ``verdict_<claim>`` string."""
+    rows: list[dict[str, str]] = []
+    for key, value in data.items():
+        if key.startswith("verdict_") and isinstance(value, str):
+            rows.append({"claim": key.removeprefix("verdict_").replace("_", " "),
+                         "verdict": value, "criterion": "", "measured": ""})
+    for path, node in _mappings(data, ()):
+        if "verdict" in node and isinstance(node["verdict"], str):
+            measured = node.get("evidence")
+            if measured is None:
+                measured = "; ".join(f"{k.replace('_', ' ')} {_short(v)}" for k, v in node.items()
+                                     if k not in ("verdict", "criterion") and _short(v))
+            rows.append({"claim": " / ".join(path), "verdict": node["verdict"],
+                         "criterion": str(node.get("criterion", "")), "measured": str(measured)})
+    return rows
+
+
+def _mappings(node: Any, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Mapping]]:
+    if isinstance(node, Mapping):
+        if path:
+            yield path, node
+        for k, v in node.items():
+            if isinstance(v, Mapping | list):
+                yield from _mappings(v, (*path, str(k)) if k != "verdicts" else path)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _mappings(v, (*path, str(i)))
+
+
+def _short(v: Any) -> str:
+    """A scalar or a short list as a table cell ('' for anything longer)."""
+    if isinstance(v, int | float | str | bool) or v is None:
+        return fmt(v)
+    if isinstance(v, list) and len(v) <= 6 and all(isinstance(x, int | float) for x in v):
+        return "[" + ", ".join(fmt(x) for x in v) + "]"
+    return ""
+
+
+def _cell(text: str) -> str:
+    return escape_cell_pipes(" ".join(str(text).split()).replace("|", "\\|")) or "-"
+
+
+def verdict_table(rows: list[dict[str, str]]) -> str:
+    """The verdict table of a finding page (a caption line first)."""
+    if not rows:
+        return ("*This experiment states no verdict of its own: its figure and its main table "
+                "are the result.*\n")
+    lines = ["Table: verdicts, each with the criterion it was judged by and what was measured "
+             "(intervals as the experiment reports them).", "",
+             "| claim | verdict | criterion | measured |", "|---|---|---|---|"]
+    lines += [f"| {_cell(r['claim'])} | **{_cell(r['verdict'])}** | {_cell(r['criterion'])} | "
+              f"{_cell(r['measured'])} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --- pages -------------------------------------------------------------------------------------
+
+
+def first_table(md: str) -> str:
+    """The first Markdown table of ``md`` ('' if none)."""
+    rows: list[str] = []
+    for line in md.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    return "\n".join(rows) + "\n" if len(rows) >= 3 else ""
+
+
+def command(name: str, model: str | None, settings: Mapping[str, Any]) -> str:
+    """The ``mechsink circuit`` command that makes this result."""
+    shown = {k: v for k, v in settings.items() if k not in ("work_dir", "run_dir")}
+    parts = ["mechsink circuit", name, *([model] if model else []), "--out", f"runs/{name}"]
+    options = cli_options(shown)
+    return " ".join([*parts, options] if options else parts)
+
+
+def finding_page(f: Finding, result: Mapping[str, Any], summary_md: str, figures: list[str],
+                 model: str | None, settings: Mapping[str, Any], assets: str,
+                 result_file: str = "result.json") -> str:
+    """The Markdown of one finding page."""
+    rows = verdict_rows(result)
+    on = f" on `{model}`" if model else ""
+    lines = [f"# {f.title}", "", f"**What is tested.** {f.tests}", ""]
+    if rows:
+        lines += [f"**Finding{on}.** " + "; ".join(
+            f"{r['claim']}: **{r['verdict']}**" for r in rows[:4])
+            + (f" (and {len(rows) - 4} more below)." if len(rows) > 4 else "."), ""]
+    key = figures[0] if figures else None
+    if key:
+        lines += [f"![{f.title}]({assets}/{key})", "",
+                  f"*Figure: the key figure of `{f.name}`{on}, drawn from its result.json.*", ""]
+    body = summary_body(summary_md)
+    lines += ["## Verdicts", "", verdict_table(rows), ""]
+    if not rows and (table := first_table(body)):
+        lines += ["Table: the experiment's main table (the first of its summary; intervals as "
+                  "it reports them).", "", table, ""]
+    lines += ['??? note "The full summary: settings and raw tables"', ""]
+    lines += ["    " + line if line else "" for line in body.splitlines()]
+    for extra in figures[1:]:
+        lines += ["", f"    ![{extra}]({assets}/{extra})"]
+    lines += ["", "## How it was made", "", "```bash", command(f.name, model, settings), "```",
+              "", f"Data: [{result_file}]({assets}/{result_file}).", ""]
+    return "\n".join(lines)
+
+
+def index_page(entries: list[tuple[Finding, list[dict[str, str]], str | None]]) -> str:
+    """The findings overview: one row per finding with its first verdicts."""
+    lines = ["# Findings", "",
+             "One page per finding, each opening with what it tests and its key figure, then "
+             "its verdicts; and a [cross-model page](cross-model.md) (models x first-token "
+             "variants).", "",
+             "Table: the findings and their first verdicts.", "",
+             "| finding | model | verdicts |", "|---|---|---|"]
+    for f, rows, model in entries:
+        verdicts = "; ".join(f"{r['claim']}: {r['verdict']}" for r in rows[:3]) or "-"
+        lines.append(f"| [{f.title}]({f.slug}.md) | {f'`{model}`' if model else 'trained here'}"
+                     f" | {_cell(verdicts)} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- the cross-model page ----------------------------------------------------------------------
+
+
+def _runs(data: Mapping[str, Any], suite: str) -> dict[str, Mapping[str, Any]]:
+    return {r["variant"]: r for r in data["runs"] if r["suite"] == suite}
+
+
+def _max_head(run: Mapping[str, Any]) -> float | None:
+    scores = [s for row in run["sink_score"] for s in row if s is not None]
+    return max(scores) if scores else None
+
+
+def story(model: str, runs: Mapping[str, Mapping[str, Any]], eps: float) -> str:
+    """What the first-token variants say about one model, in a sentence, from its numbers."""
+    rate = {v: r["sink_rate"] for v, r in runs.items()}
+    bos, nobos, rand = rate.get("bos"), rate.get("nobos"), rate.get("randfirst")
+    if bos is None or nobos is None:
+        return f"`{model}`: not every first-token variant was measured."
+    high = 0.5
+    if max(v for v in rate.values() if v is not None) < 0.1:
+        return (f"`{model}` hardly sinks on natural text with any first token (sink rate at most "
+                f"{fmt(max(rate.values()))}, eps {eps}).")
+    if bos >= high and nobos < 0.1:
+        return (f"`{model}` sinks on its BOS token ({fmt(bos)}) and not without it "
+                f"({fmt(nobos)}): the sink needs the token, not the position.")
+    if nobos >= high and bos < 0.1:
+        return (f"`{model}` sinks at position 0 without a BOS token ({fmt(nobos)}) but hardly "
+                f"with it ({fmt(bos)}): its BOS token is not where this model's sink lives, so a "
+                "BOS-only overview would call it sink-free.")
+    if min(bos, nobos, rand if rand is not None else bos) >= high:
+        return (f"`{model}` sinks at position 0 whatever comes first (BOS {fmt(bos)}, none "
+                f"{fmt(nobos)}, random {fmt(rand)}): the position, not the token, draws it.")
+    return (f"`{model}`: sink rate {fmt(bos)} with BOS, {fmt(nobos)} without, {fmt(rand)} with "
+            "a random first token.")
+
+
+def cross_model_page(census: Mapping[str, Mapping[str, Any]], suite: str = "natural",
+                     flagged: Mapping[str, list[str]] | None = None) -> str:
+    """Models x first-token variants: sink rate (and i >= 1), the strongest head's score, the
+    per-layer range, and the story each row tells. ``flagged``: per model, the runs whose
+    inputs hold no text (marked with a dagger, and their story says so)."""
+    variants = ["bos", "nobos", "randfirst"]
+    flagged = flagged or {}
+
+    def mark(m: str, v: str) -> str:
+        return " †" if f"{suite}/{v}" in flagged.get(m, []) else ""
+
+    lines = ["# Across models: the first token", "",
+             "The same census on every model, with each first-token variant: `bos` (the "
+             "model's BOS token first), `nobos` (the text starts at position 0), `randfirst` (a "
+             "random ordinary token first). A model whose sink only shows without its BOS "
+             "token looks sink-free in a BOS-only overview.", ""]
+    for m, d in census.items():
+        bad = [r for r in flagged.get(m, []) if r.startswith(suite + "/")]
+        note = (f" † Its {', '.join(f'`{r}`' for r in bad)} inputs are one repeated token, not "
+                "text (its tokenizer cannot encode the corpus): these numbers do not describe "
+                "text." if bad else "")
+        lines.append(story(m, _runs(d, suite), d["settings"]["eps"]) + note + "\n")
+    lines += ["", f"Table: sink rate at key 0 on {suite} text (Gu et al.'s, the share of heads "
+              "whose mean sink score passes eps; `i >= 1` in brackets), per model and "
+              "first-token variant.", "",
+              "| model | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for m, d in census.items():
+        runs = _runs(d, suite)
+        cells = [f"{fmt(runs[v]['sink_rate'])} ({fmt(runs[v]['sink_rate_no_self'])}){mark(m, v)}"
+                 if v in runs else "-" for v in variants]
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    lines += ["", f"Table: the strongest head's mean sink score and the range of the per-layer "
+              f"sink rate (lowest to highest layer) on {suite} text.", "",
+              "| model | " + " | ".join(f"{v}: top head, layer range" for v in variants) + " |",
+              "|---|" + "---|" * len(variants)]
+    for m, d in census.items():
+        runs = _runs(d, suite)
+        cells = []
+        for v in variants:
+            r = runs.get(v)
+            per_layer = [x for x in (r or {}).get("sink_rate_per_layer", []) if x is not None]
+            cells.append("-" if r is None else f"{fmt(_max_head(r))}, "
+                         f"[{fmt(min(per_layer) if per_layer else None)}, "
+                         f"{fmt(max(per_layer) if per_layer else None)}]{mark(m, v)}")
+        lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
+    lines += ["", "Data: each model's census.json (linked from its gallery page).", ""]
+    return "\n".join(lines)
