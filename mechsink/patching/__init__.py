@@ -11,6 +11,7 @@ returns a :class:`PatchResult`. All three (and edge discovery) run the one loop 
 from mechsink.interventions.ablation import Ablation
 from mechsink.patching.activation import activation_patch
 from mechsink.patching.attribution import attribution_patch, compare_to_exact
+from mechsink.patching.batches import pad_prompts
 from mechsink.patching.metrics import (
     KLToClean,
     LogitDiff,
@@ -34,5 +35,5 @@ __all__ = [
     "Ablation", "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric",
     "Needs", "Outputs", "PatchResult", "Receiver", "ResidNorm", "Sender", "Site", "SinkScore",
     "activation_patch", "as_metric", "attribution_patch", "compare_to_exact", "parse_component",
-    "parse_metric", "parse_receiver", "parse_site", "path_patch",
+    "pad_prompts", "parse_metric", "parse_receiver", "parse_site", "path_patch",
 ]
