@@ -110,10 +110,11 @@ def test_attention_view_inlines_circuitsvis_and_the_caches_pattern(gpt2_tiny):
     with torch.no_grad():
         _, cache = gpt2_tiny.run_with_cache(tokens)
     view = mechsink.viz.attention(cache, tokens, layer=1, heads=[0, 2], model=gpt2_tiny)
+    mechsink.viz.attention.reset_js()
     page = view._repr_html_()
     assert external_scripts(page) == [] and "CircuitsVis.render" in page
     start = page.index("CircuitsVis.AttentionHeads, ") + len("CircuitsVis.AttentionHeads, ")
-    props = json.loads(page[start:page.index(");\n</script>", start)])
+    props = json.loads(page[start:page.index(");}else", start)])
     expected = cache[act_name("pattern", 1)][0, [0, 2]]
     assert torch.allclose(torch.tensor(props["attention"]), expected, atol=1e-6)
     assert props["tokens"] == gpt2_tiny.to_str_tokens(tokens[0])
@@ -123,6 +124,24 @@ def test_attention_view_inlines_circuitsvis_and_the_caches_pattern(gpt2_tiny):
         mechsink.viz.attention(cache)
     # the module is still a module
     from mechsink.viz.attention import attention_page  # noqa: F401
+
+
+def test_inline_views_embed_circuitsvis_once_per_kernel():
+    """#30 item 6: each inline view embedded circuitsvis's 1.3 MB script; now the kernel's first
+    view carries it and later ones render once it is on the page (pages always carry it)."""
+    from mechsink.viz.attention import circuitsvis_js
+
+    view = mechsink.viz.attention(torch.eye(4).unsqueeze(0), layer=0)
+    js = circuitsvis_js()
+    mechsink.viz.attention.reset_js()
+    first, second, third = (view._repr_html_() for _ in range(3))
+    assert js in first and len(first) > 1_000_000
+    assert js not in second and len(second) < 5_000 and len(third) < 5_000
+    assert "window.CircuitsVis" in second and "reset_js()" in second
+    assert second.count("CircuitsVis.render(") == 1
+    mechsink.viz.attention.reset_js()
+    assert js in view._repr_html_()
+    assert js in view.html() and js in view.html()  # a standalone page always has it
 
 
 def test_attention_view_of_a_census(tiny_census):

@@ -55,6 +55,9 @@ def test_notebook_runs_on_a_tiny_model(name: str, tmp_path: Path) -> None:
         html = [_join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
         views = [h for h in html if "CircuitsVis.render" in h]
         assert len(views) == 2 and all(external_scripts(h) == [] for h in views)
+        # circuitsvis's 1.3 MB script rides with the first view only (#30 item 6)
+        assert [len(h) > 1_000_000 for h in views] == [True, False]
+        assert len(views[1]) < 100_000
         assert any("<table" in h and "natural/nobos" in h for h in html)  # census.to_frame()
         assert any("largest effects" in h for h in html)  # PatchResult's card
     else:
