@@ -110,10 +110,11 @@ def test_attention_view_inlines_circuitsvis_and_the_caches_pattern(gpt2_tiny):
     with torch.no_grad():
         _, cache = gpt2_tiny.run_with_cache(tokens)
     view = mechsink.viz.attention(cache, tokens, layer=1, heads=[0, 2], model=gpt2_tiny)
+    mechsink.viz.attention.reset_js()
     page = view._repr_html_()
     assert external_scripts(page) == [] and "CircuitsVis.render" in page
     start = page.index("CircuitsVis.AttentionHeads, ") + len("CircuitsVis.AttentionHeads, ")
-    props = json.loads(page[start:page.index(");\n</script>", start)])
+    props = json.loads(page[start:page.index(");}else", start)])
     expected = cache[act_name("pattern", 1)][0, [0, 2]]
     assert torch.allclose(torch.tensor(props["attention"]), expected, atol=1e-6)
     assert props["tokens"] == gpt2_tiny.to_str_tokens(tokens[0])
@@ -123,6 +124,24 @@ def test_attention_view_inlines_circuitsvis_and_the_caches_pattern(gpt2_tiny):
         mechsink.viz.attention(cache)
     # the module is still a module
     from mechsink.viz.attention import attention_page  # noqa: F401
+
+
+def test_inline_views_embed_circuitsvis_once_per_kernel():
+    """#30 item 6: each inline view embedded circuitsvis's 1.3 MB script; now the kernel's first
+    view carries it and later ones render once it is on the page (pages always carry it)."""
+    from mechsink.viz.attention import circuitsvis_js
+
+    view = mechsink.viz.attention(torch.eye(4).unsqueeze(0), layer=0)
+    js = circuitsvis_js()
+    mechsink.viz.attention.reset_js()
+    first, second, third = (view._repr_html_() for _ in range(3))
+    assert js in first and len(first) > 1_000_000
+    assert js not in second and len(second) < 5_000 and len(third) < 5_000
+    assert "window.CircuitsVis" in second and "reset_js()" in second
+    assert second.count("CircuitsVis.render(") == 1
+    mechsink.viz.attention.reset_js()
+    assert js in view._repr_html_()
+    assert js in view.html() and js in view.html()  # a standalone page always has it
 
 
 def test_attention_view_of_a_census(tiny_census):
@@ -153,7 +172,8 @@ def test_progress_switch(capsys, monkeypatch):
     monkeypatch.delenv(progress.ENV, raising=False)
     with progress.bar(3, "off-a-terminal") as b:
         b.update(3)
-    assert "off-a-terminal" not in capsys.readouterr().err  # pytest's stderr is no terminal
+    err = capsys.readouterr().err  # pytest's stderr is no terminal: a log line, no bar
+    assert err.startswith("off-a-terminal: 3/3 it in ") and err.count("\n") == 1
     progress.set_progress(True)
     try:
         with progress.bar(3, "forced-on") as b:
@@ -174,6 +194,40 @@ def test_progress_switch(capsys, monkeypatch):
     assert os.environ[progress.ENV] == "1"
 
 
+def test_progress_in_a_log_a_notebook_and_when_quick(capsys, monkeypatch):
+    """#30 item 7: a log gets one line per phase with its time (none for quick phases); a
+    notebook gets tqdm.auto's bar, left at its final state when it closes."""
+    monkeypatch.delenv(progress.ENV, raising=False)
+    with progress.bar(5, "quick") as b:  # under DELAY seconds: nothing
+        b.update(5)
+    with progress.phase("quick phase"):
+        pass
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(progress, "DELAY", 0.0)
+    with progress.phase("loading model"):
+        pass
+    with progress.bar(4, "census", unit="seq") as b:
+        b.update(2)
+        b.set_postfix_str("random/bos", refresh=False)
+        b.update(2)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("loading model: ") and lines[0].endswith(" s")
+    assert lines[1].startswith("census: 4/4 seq in ") and lines[1].endswith("s (random/bos)")
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
+    from tqdm.auto import tqdm as auto_tqdm
+
+    with progress.bar(3, "in-a-notebook") as b:
+        assert isinstance(b, auto_tqdm) and b.leave
+        b.update(3)
+    assert b.n == 3 and progress.mode() == "notebook"
+    progress.set_progress(False)
+    try:
+        assert progress.mode() == "off"
+    finally:
+        progress.set_progress(None)
+    capsys.readouterr()
+
+
 def test_sweep_and_census_show_a_bar_when_asked(gpt2_tiny, capsys, monkeypatch):
     monkeypatch.setattr(progress, "DELAY", 0.0)
     clean = to_tokens(gpt2_tiny, CLEAN, prepend_bos=True)
@@ -187,7 +241,8 @@ def test_sweep_and_census_show_a_bar_when_asked(gpt2_tiny, capsys, monkeypatch):
     finally:
         progress.set_progress(None)
     activation_patch(gpt2_tiny, clean, corrupted, "resid_pre", logit_metric)
-    assert capsys.readouterr().err == ""
+    err = capsys.readouterr().err  # automatic, stderr no terminal: one line, no bar
+    assert err.startswith("patching resid_pre") and err.count("\n") == 1 and "\r" not in err
 
 
 def test_census_figure_titles_fit_a_long_model_name(tiny_census, tmp_path, monkeypatch):

@@ -3,6 +3,7 @@ their parameter cell rewritten the way the docs build does it, and produce their
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,17 @@ def test_notebook_runs_on_a_tiny_model(name: str, tmp_path: Path) -> None:
         html = [_join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
         views = [h for h in html if "CircuitsVis.render" in h]
         assert len(views) == 2 and all(external_scripts(h) == [] for h in views)
+        # circuitsvis's 1.3 MB script rides with the first view only (#30 item 6)
+        assert [len(h) > 1_000_000 for h in views] == [True, False]
+        assert len(views[1]) < 100_000
         assert any("<table" in h and "natural/nobos" in h for h in html)  # census.to_frame()
         assert any("largest effects" in h for h in html)  # PatchResult's card
+        # the IOI-style section: per-prompt answers on a padded batch equal a loop over prompts
+        line = next(x for x in printed.splitlines() if "a loop over prompts" in x)
+        padded, looped = (float(w) for w in re.findall(r"-?\d+\.\d+", line))
+        assert abs(padded - looped) <= 1e-3
+        assert "LogitDiff(correct=[" in printed and "EffectComparison(" in printed
+        assert any("path_rank" in h for h in html)  # the path-vs-direct frame
     else:
         assert "logit diff: clean" in printed and "scales=frozen:" in printed
 

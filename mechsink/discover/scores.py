@@ -44,6 +44,23 @@ class EdgeScores:
     first_order: Tensor | None = None
     checks: list[dict[str, Any]] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        top = self.top(1)
+        best = f", top={top[0][0]!r} ({top[0][1]:+.4g})" if top else ""
+        corr = "None" if self.corrupted_value is None else f"{self.corrupted_value:.4g}"
+        return (f"EdgeScores(method={self.method!r}, metric={self.metric!r}, "
+                f"edges={len(self.values)}, clean={self.clean_value:.4g}, corrupted={corr}"
+                f"{best})")
+
+    def _repr_html_(self) -> str:
+        """A card for Jupyter: the method, the baselines and the ten highest-|score| edges."""
+        from html import escape
+
+        rows = "".join(f"<tr><td>{escape(e)}</td><td>{v:+.4g}</td></tr>" for e, v in self.top(10))
+        return (f"<div><b>EdgeScores</b> {escape(self.method)} &middot; metric "
+                f"<code>{escape(self.metric)}</code> &middot; {len(self.values)} edges<br>"
+                f"<table><tr><th>edge</th><th>score</th></tr>{rows}</table></div>")
+
     def order(self) -> Tensor:
         """Edges from the largest |score| down (ties keep graph order)."""
         return torch.argsort(self.values.abs(), descending=True, stable=True)

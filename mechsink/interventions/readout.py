@@ -246,6 +246,18 @@ class MassiveChannelSets:
     builders: list[int] = field(default_factory=list)
     massive_channels: list[int] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        return (f"MassiveChannelSets(channel={self.channel}, creating_layer="
+                f"{self.creating_layer}, peak_layer={self.peak_layer}, sets={len(self.sets)} "
+                f"(layers {sorted(self.sets)}), builders={self.builders})")
+
+    def _repr_html_(self) -> str:
+        """A card for Jupyter: the channel and one row per complete set."""
+        from html import escape
+
+        table = self.to_frame().to_html(index=False, float_format="%.4g")
+        return f"<div><b>{escape(repr(self))}</b>{table}</div>"
+
     def to_dict(self) -> dict[str, Any]:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["sets"] = {lay: s.to_dict() for lay, s in self.sets.items()}

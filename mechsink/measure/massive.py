@@ -141,6 +141,23 @@ class MassiveReport:
                    MassiveHits.merge([p.by_layer for p in parts]),
                    torch.cat([p.top3 for p in parts]), torch.cat([p.median for p in parts]))
 
+    def __repr__(self) -> str:
+        batch, layers = int(self.median.shape[0]), int(self.median.shape[1])
+        return (f"MassiveReport({batch} sequences x {layers} layers, massive activations: "
+                f"{len(self.activations('position'))} (token median), "
+                f"{len(self.activations('layer'))} (layer median), top |x| "
+                f"{float(self.top3.double().amax()) if self.top3.numel() else 0.0:.4g})")
+
+    def _repr_html_(self) -> str:
+        """A card for Jupyter: both rules' massive activations (the first ten of each)."""
+        from html import escape
+
+        parts = [f"<div><b>{escape(repr(self))}</b>"]
+        for ref, label in (("position", "token median"), ("layer", "layer median")):
+            table = self.to_frame(ref).head(10).to_html(index=False, float_format="%.4g")
+            parts.append(f"<p>{label} rule</p>{table}")
+        return "".join(parts) + "</div>"
+
     def activations(self, reference: str = "position") -> list[MassiveActivation]:
         """Grouped massive entries under ``reference`` (``"position"`` or ``"layer"``)."""
         return (self.by_position if reference == "position" else self.by_layer).grouped()

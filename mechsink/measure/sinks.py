@@ -80,6 +80,22 @@ class SinkScores:
     gu: Float[Tensor, "batch layer head"]  # queries i >= position (Gu's version)
     no_self: Float[Tensor, "batch layer head"]  # queries i > position
 
+    def __repr__(self) -> str:
+        batch, layers, heads = (int(n) for n in self.gu.shape)
+        top = self.top_heads(1)
+        best = f", top=L{top[0][0]}H{top[0][1]} ({top[0][2]:.3f})" if top else ""
+        return (f"SinkScores(position={self.position}, {batch} sequences x {layers} layers x "
+                f"{heads} heads, eps={self.eps:g}, rate={self.rate:.3f}{best})")
+
+    def _repr_html_(self) -> str:
+        """A card for Jupyter: the sink rate and the ten highest-scoring heads."""
+        from html import escape
+
+        rows = "".join(f"<tr><td>L{lay}H{h}</td><td>{v:.4f}</td></tr>"
+                       for lay, h, v in self.top_heads(10))
+        return (f"<div><b>{escape(repr(self))}</b><table><tr><th>head</th>"
+                f"<th>sink score</th></tr>{rows}</table></div>")
+
     @classmethod
     def merge(cls, parts: Sequence[SinkScores]) -> SinkScores:
         """Concatenate chunks of sequences measured with the same settings."""

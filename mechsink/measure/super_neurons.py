@@ -155,7 +155,9 @@ MASSIVE_ABS, MASSIVE_RATIO = 100.0, 1000.0  # Sun et al. 2024's massive-activati
 class SpikingNeuron:
     """One down-projection input spike ``|post| > threshold`` at a position where the MLP output
     also spikes, with the spiking channel it writes most (``contribution = activation x
-    W_out[neuron, channel]``). Means over the ``count`` sequences in which it spiked there."""
+    W_out[neuron, channel]``). ``count`` is the number of its spikes, (sequence, position)
+    pairs (a neuron spiking at two positions of one sequence counts twice); ``activation`` and
+    ``contribution`` are means over them, and ``position`` is where it spiked most often."""
 
     layer: int
     neuron: int
@@ -193,6 +195,13 @@ class SuperNeuronSet:
     explained_min: float
     coverage: float
     complete: bool
+
+    def __repr__(self) -> str:
+        shown = ", ".join(str(n) for n, _ in self.neurons[:5])
+        more = ", ..." if len(self.neurons) > 5 else ""
+        return (f"SuperNeuronSet(layer={self.layer}, channel={self.channel}, "
+                f"{len(self.neurons)} neurons [{shown}{more}], explained={self.explained:.3f}, "
+                f"write={self.write:.4g}, complete={self.complete})")
 
     @property
     def units(self) -> list[int]:

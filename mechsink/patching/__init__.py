@@ -11,6 +11,9 @@ returns a :class:`PatchResult`. All three (and edge discovery) run the one loop 
 from mechsink.interventions.ablation import Ablation
 from mechsink.patching.activation import activation_patch
 from mechsink.patching.attribution import attribution_patch, compare_to_exact
+from mechsink.patching.batches import pad_prompts
+from mechsink.patching.compare import EffectComparison, path_vs_direct
+from mechsink.patching.every import block_every
 from mechsink.patching.metrics import (
     KLToClean,
     LogitDiff,
@@ -31,8 +34,9 @@ from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 __all__ = [
-    "Ablation", "KLToClean", "LogProb", "LogitDiff", "LogitsMetric", "MassiveValue", "Metric",
-    "Needs", "Outputs", "PatchResult", "Receiver", "ResidNorm", "Sender", "Site", "SinkScore",
-    "activation_patch", "as_metric", "attribution_patch", "compare_to_exact", "parse_component",
-    "parse_metric", "parse_receiver", "parse_site", "path_patch",
+    "Ablation", "EffectComparison", "KLToClean", "LogProb", "LogitDiff", "LogitsMetric",
+    "MassiveValue", "Metric", "Needs", "Outputs", "PatchResult", "Receiver", "ResidNorm",
+    "Sender", "Site", "SinkScore", "activation_patch", "as_metric", "attribution_patch",
+    "block_every", "compare_to_exact", "pad_prompts", "parse_component", "parse_metric",
+    "parse_receiver", "parse_site", "path_patch", "path_vs_direct",
 ]

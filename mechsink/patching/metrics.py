@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
@@ -65,11 +65,19 @@ class Outputs:
         """The captured activation ``name`` (``[batch, ...]``)."""
         return self.acts[name]
 
+    @property
+    def batch(self) -> int | None:
+        """The number of prompts (None when nothing was captured)."""
+        for t in (self.logits, *self.acts.values()):
+            if t is not None:
+                return int(t.shape[0])
+        return None
+
     def logits_at(self, pos: int) -> Float[Tensor, "batch vocab"]:
         """Logits at one position (negative counts from the end)."""
         if self.logits is None:
             raise RuntimeError("this metric did not declare that it reads logits")
-        p = pos + self.seq_len if pos < 0 else pos
+        p = check_position(pos, self.seq_len, "the metric")
         if self.logit_positions is None:
             return self.logits[:, p]
         return self.logits[:, self.logit_positions.index(p)]
@@ -151,63 +159,182 @@ class LogitsMetric(Metric):
         return self.fn(out.logits)
 
 
-@dataclass(frozen=True, eq=False)
-class LogitDiff(Metric):
-    """Mean over the batch of ``logit[correct] - logit[incorrect]`` at ``pos``."""
+def _ids(value: Any, what: str) -> int | Tensor:
+    """One token id (an int) or one id per prompt (a 1-D long tensor)."""
+    if isinstance(value, bool):
+        raise BadInputError(f"{what} must be a token id or one id per prompt, got {value!r}.")
+    if isinstance(value, int):
+        return value
+    try:
+        t = torch.as_tensor(value)
+    except (TypeError, ValueError) as exc:
+        raise BadInputError(f"{what} must be a token id or one id per prompt, got "
+                            f"{type(value).__name__}.") from exc
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise BadInputError(f"{what} must hold integer token ids, got dtype {t.dtype}.")
+    if t.ndim == 0:
+        return int(t)
+    if t.ndim != 1 or t.numel() == 0:
+        raise BadInputError(f"{what} must be one id per prompt (a 1-D tensor [batch]), got "
+                            f"shape {tuple(t.shape)}.")
+    return t.long()
 
-    correct: int
-    incorrect: int
-    pos: int = -1
-    name: str = "logit_diff"
+
+def last_real_positions(attention_mask: Any) -> Int[Tensor, " batch"]:
+    """Per prompt, the position of its last real token in a right-padded batch (mask 1 on real
+    tokens, 0 on the pads after them). Left padding is refused: causal attention would let the
+    real tokens read the pads in front of them, so the run would not equal the unpadded one."""
+    mask = torch.as_tensor(attention_mask)
+    if mask.ndim != 2:
+        raise BadInputError(f"attention_mask must be [batch, pos], got shape {tuple(mask.shape)}.")
+    real = mask != 0
+    if not bool(real[:, 0].all()):
+        row = int((~real[:, 0]).nonzero()[0])
+        raise BadInputError(f"attention_mask row {row} starts with padding: pad on the right "
+                            "(tokenizer.padding_side = 'right', or mechsink.patching.pad_prompts).")
+    if bool((real[:, 1:] & ~real[:, :-1]).any()):
+        row = int((real[:, 1:] & ~real[:, :-1]).any(-1).nonzero()[0])
+        raise BadInputError(f"attention_mask row {row} has a real token after a pad: pad on "
+                            "the right only (mechsink.patching.pad_prompts).")
+    return real.long().sum(-1) - 1
+
+
+def _positions(metric: str, position: Any, attention_mask: Any, old: dict[str, Any]
+               ) -> int | Tensor:
+    """The read position: one for all prompts (an int, negative from the end), one per
+    prompt (a 1-D tensor), or each prompt's last real token (from ``attention_mask``)."""
+    _no_old(metric, old)
+    if attention_mask is not None:
+        if position is not None:
+            raise BadInputError(f"{metric}: give position= or attention_mask=, not both (the "
+                                "mask sets each prompt's last real token as its position).")
+        return last_real_positions(attention_mask)
+    if position is None:
+        return -1
+    return _ids(position, f"{metric}: position")
+
+
+def _positions_needed(position: int | Tensor) -> tuple[int, ...]:
+    if isinstance(position, int):
+        return (position,)
+    return tuple(sorted({int(p) for p in position}))
+
+
+def _read_logits(out: Outputs, position: int | Tensor, metric: str) -> Float[Tensor, "batch vocab"]:
+    """The logits each prompt's metric reads: at one position, or at its own position."""
+    if isinstance(position, int):
+        return out.logits_at(position)
+    rows = [out.logits_at(int(p))[i] for i, p in enumerate(_per_prompt(position, out, metric))]
+    return torch.stack(rows)
+
+
+def _per_prompt(values: Tensor, out: Outputs, what: str) -> Tensor:
+    batch = out.batch
+    if batch is not None and values.shape[0] != batch:
+        raise BadInputError(f"{what}: {values.shape[0]} entries (one per prompt) for a batch of "
+                            f"{batch} prompts.")
+    return values
+
+
+def _at_ids(lg: Float[Tensor, "batch vocab"], ids: int | Tensor, what: str
+            ) -> Float[Tensor, " batch"]:
+    if isinstance(ids, int):
+        return lg[:, ids]
+    if ids.shape[0] != lg.shape[0]:
+        raise BadInputError(f"{what}: {ids.shape[0]} token ids (one per prompt) for a batch of "
+                            f"{lg.shape[0]} prompts.")
+    return lg.gather(1, ids.to(lg.device).unsqueeze(1)).squeeze(1)
+
+
+def _shown(x: int | Tensor) -> str:
+    if isinstance(x, int):
+        return str(x)
+    head = ", ".join(str(int(v)) for v in x[:4])
+    return f"[{head}{', ...' if x.numel() > 4 else ''}] ({x.numel()} prompts)"
+
+
+class LogitDiff(Metric):
+    """Mean over the batch of ``logit[correct] - logit[incorrect]`` at ``position``.
+
+    ``correct`` / ``incorrect``: one token id, or one per prompt (IOI-style datasets). The
+    position: one for every prompt (default -1, the last), one per prompt, or, with the
+    ``attention_mask`` of a right-padded batch, each prompt's last real token.
+    """
+
+    def __init__(self, correct: Any, incorrect: Any, position: Any = None, *,
+                 attention_mask: Any = None, name: str = "logit_diff", **old: Any) -> None:
+        self.position = _positions("LogitDiff", position, attention_mask, old)
+        self.correct = _ids(correct, "LogitDiff: correct")
+        self.incorrect = _ids(incorrect, "LogitDiff: incorrect")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return (f"LogitDiff(correct={_shown(self.correct)}, incorrect={_shown(self.incorrect)}, "
+                f"position={_shown(self.position)})")
 
     def needs(self, model: Any) -> Needs:
         _check_tokens(model, (self.correct, self.incorrect))
-        return Needs(logits=(self.pos,))
+        return Needs(logits=_positions_needed(self.position))
 
     def __call__(self, out: Outputs) -> Tensor:
-        lg = out.logits_at(self.pos)
-        return (lg[:, self.correct] - lg[:, self.incorrect]).mean()
+        lg = _read_logits(out, self.position, "LogitDiff: position")
+        return (_at_ids(lg, self.correct, "LogitDiff: correct")
+                - _at_ids(lg, self.incorrect, "LogitDiff: incorrect")).mean()
 
 
-@dataclass(frozen=True, eq=False)
 class LogProb(Metric):
-    """Mean over the batch of ``log p(token)`` at ``pos``."""
+    """Mean over the batch of ``log p(token)`` at ``position`` (token and position: one for all
+    prompts or one per prompt; ``attention_mask``: each prompt's last real token)."""
 
-    token: int
-    pos: int = -1
-    name: str = "log_prob"
     bounds: ClassVar[tuple[float | None, float | None] | None] = (None, 0.0)
+
+    def __init__(self, token: Any, position: Any = None, *, attention_mask: Any = None,
+                 name: str = "log_prob", **old: Any) -> None:
+        self.position = _positions("LogProb", position, attention_mask, old)
+        self.token = _ids(token, "LogProb: token")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"LogProb(token={_shown(self.token)}, position={_shown(self.position)})"
 
     def needs(self, model: Any) -> Needs:
         _check_tokens(model, (self.token,))
-        return Needs(logits=(self.pos,))
+        return Needs(logits=_positions_needed(self.position))
 
     def __call__(self, out: Outputs) -> Tensor:
-        return out.logits_at(self.pos).log_softmax(-1)[:, self.token].mean()
+        lp = _read_logits(out, self.position, "LogProb: position").log_softmax(-1)
+        return _at_ids(lp, self.token, "LogProb: token").mean()
 
 
-@dataclass(frozen=True, eq=False)
 class KLToClean(Metric):
-    """KL(clean || patched) of the next-token distribution at ``pos`` (0 when patched == clean).
+    """KL(clean || patched) of the next-token distribution at ``position`` (0 when patched ==
+    clean; one position, one per prompt, or the last real token of ``attention_mask``).
 
     The clean distribution is bound by the engine from the clean run (:meth:`bind`).
     """
 
-    pos: int = -1
-    clean_logprobs: Tensor | None = None
-    name: str = "kl_to_clean"
     bounds: ClassVar[tuple[float | None, float | None] | None] = (0.0, None)
 
+    def __init__(self, position: Any = None, clean_logprobs: Tensor | None = None, *,
+                 attention_mask: Any = None, name: str = "kl_to_clean", **old: Any) -> None:
+        self.position = _positions("KLToClean", position, attention_mask, old)
+        self.clean_logprobs = clean_logprobs
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"KLToClean(position={_shown(self.position)})"
+
     def needs(self, model: Any) -> Needs:
-        return Needs(logits=(self.pos,))
+        return Needs(logits=_positions_needed(self.position))
 
     def bind(self, clean: Outputs) -> Metric:
-        return KLToClean(self.pos, clean.logits_at(self.pos).log_softmax(-1).detach())
+        ref = _read_logits(clean, self.position, "KLToClean: position").log_softmax(-1)
+        return KLToClean(self.position, ref.detach(), name=self.name)
 
     def __call__(self, out: Outputs) -> Tensor:
         if self.clean_logprobs is None:
             raise BadInputError("KLToClean needs the clean run: use it through activation_patch.")
-        lp = out.logits_at(self.pos).log_softmax(-1)
+        lp = _read_logits(out, self.position, "KLToClean: position").log_softmax(-1)
         ref = self.clean_logprobs
         return (ref.exp() * (ref - lp)).sum(-1).mean()
 
@@ -237,14 +364,27 @@ class SinkScore(Metric):
         return (scores if self.head is None else scores[:, self.head]).mean()
 
 
-@dataclass(frozen=True, eq=False)
-class MassiveValue(Metric):
-    """Mean over the batch of residual channel ``channel`` at ``pos`` after block ``layer``."""
+def _no_old(metric: str, old: dict[str, Any]) -> None:
+    if "pos" in old:
+        raise BadInputError(f"{metric}: pos= is spelled position=; see docs/concepts/names.md.")
+    if old:
+        raise TypeError(f"{metric}() got unexpected keyword arguments {sorted(old)}.")
 
-    layer: int
-    pos: int
-    channel: int
-    name: str = "massive_value"
+
+class MassiveValue(Metric):
+    """Mean over the batch of residual channel ``channel`` at ``position`` after block
+    ``layer`` (a massive activation's value, Sun et al. 2024)."""
+
+    def __init__(self, layer: int, position: int | None = None, channel: int | None = None, *,
+                 name: str = "massive_value", **old: Any) -> None:
+        _no_old("MassiveValue", old)
+        if position is None or channel is None:
+            raise TypeError("MassiveValue(layer, position, channel): all three are required.")
+        self.layer, self.position, self.channel, self.name = layer, position, channel, name
+
+    def __repr__(self) -> str:
+        return (f"MassiveValue(layer={self.layer}, position={self.position}, "
+                f"channel={self.channel})")
 
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "massive_value")
@@ -254,33 +394,55 @@ class MassiveValue(Metric):
         return Needs(hooks=frozenset({act_name("resid_post", self.layer)}))
 
     def __call__(self, out: Outputs) -> Tensor:
-        return out.act(act_name("resid_post", self.layer))[:, self.pos, self.channel].mean()
+        p = check_position(self.position, out.seq_len, "massive_value")
+        return out.act(act_name("resid_post", self.layer))[:, p, self.channel].mean()
 
 
-@dataclass(frozen=True, eq=False)
 class ResidNorm(Metric):
-    """Mean over the batch of the residual norm at ``pos`` after block ``layer``."""
+    """Mean over the batch of the residual norm at ``position`` after block ``layer``."""
 
-    layer: int
-    pos: int
-    name: str = "resid_norm"
+    def __init__(self, layer: int, position: int | None = None, *, name: str = "resid_norm",
+                 **old: Any) -> None:
+        _no_old("ResidNorm", old)
+        if position is None:
+            raise TypeError("ResidNorm(layer, position): both are required.")
+        self.layer, self.position, self.name = layer, position, name
+
+    def __repr__(self) -> str:
+        return f"ResidNorm(layer={self.layer}, position={self.position})"
 
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "resid_norm")
         return Needs(hooks=frozenset({act_name("resid_post", self.layer)}))
 
     def __call__(self, out: Outputs) -> Tensor:
-        return out.act(act_name("resid_post", self.layer))[:, self.pos].norm(dim=-1).mean()
+        p = check_position(self.position, out.seq_len, "resid_norm")
+        return out.act(act_name("resid_post", self.layer))[:, p].norm(dim=-1).mean()
 
 
-def as_metric(metric: Metric | Callable[[Tensor], Tensor]) -> Metric:
-    """A :class:`Metric`; plain callables on logits are wrapped as :class:`LogitsMetric`."""
+def check_position(position: int, seq_len: int, what: str) -> int:
+    """``position`` made non-negative (negative counts from the end); a one-line error when it
+    lies outside a sequence of ``seq_len`` tokens."""
+    p = position + seq_len if position < 0 else position
+    if not 0 <= p < seq_len:
+        raise BadInputError(f"{what}: position {position} is outside the {seq_len} tokens of the "
+                            f"prompt (0..{seq_len - 1}, or -1 for the last).")
+    return p
+
+
+def as_metric(metric: Metric | Callable[[Tensor], Tensor] | str, model: Any = None,
+              clean: Tensor | None = None, corrupted: Tensor | None = None) -> Metric:
+    """A :class:`Metric`: plain callables on logits are wrapped as :class:`LogitsMetric`, and
+    strings are read by :func:`parse_metric` (the CLI's forms; they need the ``model``)."""
     if isinstance(metric, Metric):
         return metric
+    if isinstance(metric, str):
+        return parse_metric(metric, model, clean, corrupted)
     if callable(metric):
         return LogitsMetric(metric)
     raise BadInputError(
-        f"metric must be a mechsink Metric or a callable on logits, got {type(metric).__name__}."
+        f"metric must be a mechsink Metric, a metric string such as 'sink_score:5' or a "
+        f"callable on logits, got {type(metric).__name__}."
     )
 
 
@@ -310,14 +472,49 @@ def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
     return t.detach().to(torch.float64)
 
 
+#: the metric strings: name -> (maker, the names of its integer arguments, how many may be left out)
+METRIC_FORMS: dict[str, tuple[Callable[..., Metric], tuple[str, ...], int]] = {
+    "sink_score": (SinkScore, ("LAYER", "HEAD"), 1),
+    "massive_value": (MassiveValue, ("LAYER", "POS", "CH"), 0),
+    "resid_norm": (ResidNorm, ("LAYER", "POS"), 0),
+    "logit_diff": (LogitDiff, ("CORRECT", "INCORRECT"), 0),
+    "log_prob": (LogProb, ("TOKEN",), 0),
+    "kl": (KLToClean, (), 0),
+}
+
+
+def metric_usage(name: str) -> str:
+    """The form of one metric string, e.g. ``massive_value:LAYER:POS:CH``."""
+    _, args, optional = METRIC_FORMS[name]
+    shown = [a if i < len(args) - optional else f"[{a}]" for i, a in enumerate(args)]
+    return ":".join([name, *shown])
+
+
 def parse_metric(
-    spec: str, model: Any, clean: Tensor | None = None, corrupted: Tensor | None = None
+    spec: str, model: Any = None, clean: Tensor | None = None, corrupted: Tensor | None = None
 ) -> Metric:
-    """A metric from a CLI string: ``sink_score:LAYER[:HEAD]``, ``massive_value:L:POS:CH``,
-    ``resid_norm:L:POS``, ``logit_diff:CORRECT:INCORRECT`` (token ids), ``log_prob:TOKEN``,
-    ``kl``. ``logit_diff`` alone compares the clean and corrupted runs' top next tokens."""
+    """A metric from a string, the one parser of the CLI and the Python API (``metric=`` of
+    :func:`~mechsink.patching.activation_patch`): ``sink_score:LAYER[:HEAD]``,
+    ``massive_value:LAYER:POS:CH``, ``resid_norm:LAYER:POS``, ``logit_diff:CORRECT:INCORRECT``
+    (token ids), ``log_prob:TOKEN``, ``kl``. ``logit_diff`` alone compares the clean and
+    corrupted runs' top next tokens. Without a model only the form is checked; with one, the
+    layers, heads, channels and token ids, and with ``clean`` tokens the positions too (a
+    one-line :class:`~mechsink.errors.BadInputError`, before any forward)."""
+    if not isinstance(spec, str):
+        raise BadInputError(f"a metric string must be a str, got {type(spec).__name__}.")
     name, *args = spec.strip().split(":")
-    if name == "logit_diff" and not args and clean is not None and corrupted is not None:
+    if name not in METRIC_FORMS:
+        raise BadInputError(
+            f"unknown metric {name!r}: choose one of {', '.join(METRIC_FORMS)} "
+            "(e.g. sink_score:5, massive_value:3:0:123, logit_diff:CORRECT_ID:INCORRECT_ID)."
+        )
+    maker, names, optional = METRIC_FORMS[name]
+    if name == "logit_diff" and not args:
+        if clean is None or corrupted is None or model is None:
+            if model is None:  # the form is right; the tokens come with the model
+                return LogitDiff(0, 0)
+            raise BadInputError("metric 'logit_diff' without token ids needs the clean and "
+                                "corrupted prompts: give logit_diff:CORRECT_ID:INCORRECT_ID.")
         with torch.no_grad():
             a = int(model(clean)[0, -1].argmax())
             b = int(model(corrupted)[0, -1].argmax())
@@ -327,23 +524,20 @@ def parse_metric(
                 "logit_diff:CORRECT_ID:INCORRECT_ID explicitly."
             )
         return LogitDiff(a, b)
+    if not len(names) - optional <= len(args) <= len(names):
+        raise BadInputError(f"metric {spec!r}: expected {metric_usage(name)} "
+                            f"({len(args)} argument{'s' if len(args) != 1 else ''} given).")
     try:
         ints = [int(a) for a in args]
     except ValueError as exc:
-        raise BadInputError(f"metric {spec!r}: arguments after ':' must be integers.") from exc
-    makers: dict[str, Callable[..., Metric]] = {
-        "sink_score": SinkScore, "massive_value": MassiveValue, "resid_norm": ResidNorm,
-        "logit_diff": LogitDiff, "log_prob": LogProb, "kl": KLToClean,
-    }
-    if name not in makers:
-        raise BadInputError(
-            f"unknown metric {name!r}: choose one of {', '.join(makers)} "
-            "(e.g. sink_score:5, massive_value:3:0:123, logit_diff:CORRECT_ID:INCORRECT_ID)."
-        )
-    try:
-        return makers[name](*ints)
-    except TypeError as exc:
-        raise BadInputError(f"metric {spec!r}: wrong number of arguments ({exc}).") from exc
+        raise BadInputError(f"metric {spec!r}: the arguments of {metric_usage(name)} must be "
+                            "integers.") from exc
+    metric = maker(*ints)
+    if model is not None:
+        metric.needs(model)  # layers, heads, channels, token ids
+        if clean is not None and name in ("massive_value", "resid_norm"):
+            check_position(ints[1], int(clean.shape[-1]), f"metric {spec!r}")
+    return metric
 
 
 def _check_layer(model: Any, layer: int, what: str) -> None:
@@ -354,8 +548,9 @@ def _check_layer(model: Any, layer: int, what: str) -> None:
         )
 
 
-def _check_tokens(model: Any, tokens: tuple[int, ...]) -> None:
+def _check_tokens(model: Any, tokens: tuple[int | Tensor, ...]) -> None:
     v = int(model.cfg.d_vocab)
     for t in tokens:
-        if not 0 <= t < v:
-            raise BadInputError(f"token id {t} is outside the vocabulary (0..{v - 1}).")
+        for x in ([t] if isinstance(t, int) else [int(t.min()), int(t.max())]):
+            if not 0 <= x < v:
+                raise BadInputError(f"token id {x} is outside the vocabulary (0..{v - 1}).")

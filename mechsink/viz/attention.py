@@ -1,9 +1,11 @@
 """Attention patterns in circuitsvis, offline: inline in Jupyter, or as one HTML page.
 
-circuitsvis ships its compiled JavaScript (``dist/cdn/iife.js``); we inline it in the page (or
-the notebook output) and render every head with ``CircuitsVis.render``, so nothing loads from
-the network. ``mechsink.viz.attention(source, ...)`` (this module is callable: it calls
-:func:`attention`) shows the patterns of a cache, a tensor or a census inline in Jupyter;
+circuitsvis ships its compiled JavaScript (``dist/cdn/iife.js``, about 1.3 MB); we inline it in
+the page, or in a notebook once per kernel (the first view's output carries it; later views
+wait for it on the page, see :func:`reset_js`), and render every head with
+``CircuitsVis.render``, so nothing loads from the network.
+``mechsink.viz.attention(source, ...)`` (this module is callable: it calls :func:`attention`)
+shows the patterns of a cache, a tensor or a census inline in Jupyter;
 :func:`attention_page` writes the strongest sink heads of every census run as one page.
 """
 
@@ -93,6 +95,29 @@ def describe(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 # --- inline views (Jupyter) --------------------------------------------------------------------
 
 
+#: whether this kernel already sent circuitsvis's JavaScript in a view (see :func:`reset_js`)
+_JS_SENT = False
+
+
+def reset_js() -> None:
+    """Inline circuitsvis's JavaScript again in the next view: after the output that carried it
+    was cleared (the views after it then wait and say so)."""
+    global _JS_SENT
+    _JS_SENT = False
+
+
+def _render_when_loaded(div: str, props: str) -> str:
+    """JavaScript that renders into ``div`` once ``window.CircuitsVis`` is on the page (up to
+    10 s), else says in the div how to bring the library back."""
+    return (
+        "(function(){var n=0;function go(){if(window.CircuitsVis){"
+        f"CircuitsVis.render({json.dumps(div)}, CircuitsVis.AttentionHeads, {props});}}"
+        "else if(n++<100){setTimeout(go,100);}else{"
+        f"document.getElementById({json.dumps(div)}).textContent='circuitsvis is not loaded "
+        "on this page (its script came with an earlier view whose output was cleared): run "
+        "mechsink.viz.attention.reset_js() and show this view again.';}}go();})();")
+
+
 def _script_json(obj: Any) -> str:
     """JSON that is safe inside a <script> element (no ``</`` can close it)."""
     return json.dumps(obj).replace("</", "<\\/")
@@ -118,17 +143,21 @@ class AttentionView:
         return {"attention": self.patterns, "tokens": self.tokens,
                 "attentionHeadNames": self.head_names, "maskUpperTri": True}
 
-    def _body(self, div: str) -> str:
+    def _body(self, div: str, *, with_js: bool = True) -> str:
         title = f"<b>{html.escape(self.title)}</b>" if self.title else ""
-        return (f"<div>{title}<div id=\"{div}\"></div></div>\n<script>\n{circuitsvis_js()}\n"
-                f"</script>\n<script>\nCircuitsVis.render({json.dumps(div)}, "
-                f"CircuitsVis.AttentionHeads, {_script_json(self.props())});\n</script>")
+        lib = f"<script>\n{circuitsvis_js()}\n</script>\n" if with_js else ""
+        return (f"<div>{title}<div id=\"{div}\"></div></div>\n{lib}<script>\n"
+                + _render_when_loaded(div, _script_json(self.props())) + "\n</script>")
 
     def _repr_html_(self) -> str:
-        return self._body(f"mechsink-attn-{uuid.uuid4().hex[:12]}")
+        """The view for Jupyter: circuitsvis's JavaScript only in the kernel's first view."""
+        global _JS_SENT
+        first = not _JS_SENT
+        _JS_SENT = True
+        return self._body(f"mechsink-attn-{uuid.uuid4().hex[:12]}", with_js=first)
 
     def html(self) -> str:
-        """A standalone offline HTML page."""
+        """A standalone offline HTML page (the JavaScript always inlined)."""
         title = html.escape(self.title or "attention")
         return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
                 f"<title>{title}</title></head><body>\n{self._body('mechsink-attn')}\n"

@@ -123,99 +123,160 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
     return _save(fig, path)
 
 
-def _band(ax: Any, x: list[float], rows: list[dict | None], color: str, label: str,
-          marker: str = "o") -> None:
-    """A mean line with its interval as a band (rows: {mean, low, high} or None)."""
-    pts = [(xi, r) for xi, r in zip(x, rows, strict=True) if r is not None]
-    if not pts:
-        return
-    xs = [p[0] for p in pts]
-    ax.plot(xs, [p[1]["mean"] for p in pts], marker=marker, color=color, label=label)
-    ax.fill_between(xs, [p[1]["low"] for p in pts], [p[1]["high"] for p in pts], color=color,
-                    alpha=0.25)
+#: the smallest font of the experiment figures, in points at their saved size (they are drawn
+#: at page width, about 7.5 inches, so this is what a reader sees)
+MIN_FONT = 8
+PAGE_WIDTH = 7.5
+
+
+def _values(rows: list[dict[str, Any]], key: str) -> list[dict | None]:
+    return [r.get(key) for r in rows]
+
+
+def _channel_scale(ax: Any, values: list[float]) -> None:
+    """A linear axis from 0 unless the values span more than a factor of 10 (then log): on a
+    log axis a 12% change fills the panel and looks like a collapse."""
+    finite = [v for v in values if v is not None and np.isfinite(v) and v > 0]
+    if finite and max(finite) / min(finite) > 10:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(0, 1.1 * max(finite, default=1.0))
+
+
+def draw_dose_responses(ax: Any, curves: dict[str, dict[str, Any]], title: str = "") -> Any:
+    """Several dose-responses (``DoseResponse.to_dict()``, by label) on ``ax``: |channel| at
+    position 0 (left axis: linear from 0, log only past a factor of 10) and, on a twin axis,
+    the late-layer sink score and the sink rate with their 95% intervals; the half-effect doses
+    as dashed lines; the legend under the panel, off the data. Returns the twin."""
+    twin = ax.twinx()
+    styles = ("-", "--", ":")
+    every: list[float] = []
+    notes = []
+    for i, (label, curve) in enumerate(curves.items()):
+        rows, ls = curve["rows"], styles[i % len(styles)]
+        x = [r["dose"] for r in rows]
+        chans = [abs(r["channel"]["mean"]) if r["channel"] else np.nan for r in rows]
+        every += chans
+        ax.plot(x, chans, marker="o", ms=3, color=RED, ls=ls, label=f"|channel|, {label}")
+        for key, color, name in (("late_sink_score", BLUE, "late-layer sink score"),
+                                 ("sink_rate", GREEN, "sink rate")):
+            vals = _values(rows, key)
+            if all(v is None for v in vals):
+                notes.append(f"{name} ({label}): not measured")
+                continue
+            pts = [(xi, v) for xi, v in zip(x, vals, strict=True) if v is not None]
+            twin.plot([p[0] for p in pts], [p[1]["mean"] for p in pts], color=color, ls=ls,
+                      marker="s" if key == "late_sink_score" else "^", ms=3,
+                      label=f"{name}, {label}")
+            twin.fill_between([p[0] for p in pts], [p[1]["low"] for p in pts],
+                              [p[1]["high"] for p in pts], color=color, alpha=0.15, lw=0)
+        half = curve.get("half_effect", {})
+        if half.get("dose") is not None:
+            twin.axvline(half["dose"], color=GRAY, ls=ls, lw=1,
+                         label=f"half effect ({label}): dose {half['dose']:.3g}")
+    ax.set_xscale("symlog", linthresh=0.02)
+    _channel_scale(ax, every)
+    ax.set_xlabel("dose (factor on the set at position 0; 0 = removed)", fontsize=MIN_FONT)
+    ax.set_ylabel("|channel| at position 0", fontsize=MIN_FONT)
+    ax.set_title(title, fontsize=MIN_FONT + 1)
+    twin.set_ylim(0, 1)
+    twin.set_ylabel("sink score / rate at key 0", fontsize=MIN_FONT)
+    for a in (ax, twin):
+        a.tick_params(labelsize=MIN_FONT)
+    handles, labels = ax.get_legend_handles_labels()
+    more = twin.get_legend_handles_labels()
+    legend = ax.legend(handles + more[0], labels + more[1], fontsize=MIN_FONT, ncol=2,
+                       loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False,
+                       title="; ".join(notes) or None, title_fontsize=MIN_FONT)
+    legend.set_in_layout(True)
+    ax.grid(alpha=0.3)
+    return twin
 
 
 def draw_dose_response(ax: Any, curve: dict[str, Any], title: str = "") -> Any:
-    """One dose-response (``mechsink.interventions.chain.DoseResponse.to_dict()``) on ``ax``:
-    |channel| at position 0 (log scale, left) and, on a twin axis, the late-layer sink score and
-    the sink rate with their 95% intervals; the half-effect dose as a dashed line. Returns the
-    twin."""
-    rows = curve["rows"]
-    x = [r["dose"] for r in rows]
-    chans = [abs(r["channel"]["mean"]) if r["channel"] else np.nan for r in rows]
-    ax.plot(x, chans, marker="o", color=RED, label="|channel| at position 0")
-    ax.set_xscale("symlog", linthresh=0.02)
-    ax.set_yscale("log")
-    ax.set(xlabel="dose (factor on the set at position 0; 0 = removed)",
-           ylabel="|channel| at position 0", title=title or curve["target"][:60])
-    twin = ax.twinx()
-    _band(twin, x, [r["late_sink_score"] for r in rows], BLUE, "late-layer sink score", "s")
-    _band(twin, x, [r["sink_rate"] for r in rows], GREEN, "sink rate", "^")
-    twin.set_ylim(0, 1)
-    twin.set_ylabel("sink score / rate at key 0")
-    half = curve["half_effect"]
-    if half.get("dose") is not None:
-        twin.axvline(half["dose"], color=GRAY, ls="--",
-                     label=f"half effect: dose {half['dose']:.3g}")
-    lines = ax.get_legend_handles_labels()
-    more = twin.get_legend_handles_labels()
-    twin.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="lower right")
-    ax.grid(alpha=0.3)
-    return twin
+    """One dose-response on ``ax`` (see :func:`draw_dose_responses`). Returns the twin."""
+    return draw_dose_responses(ax, {"set": curve}, title or curve["target"][:60])
 
 
 @use_style
 def plot_dose_response(curve: dict[str, Any], path: str | Path, title: str = "") -> Path:
     """The dose-response figure of one target, alone."""
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 4.2), layout="constrained")
     draw_dose_response(ax, curve, title)
-    return _save(fig, path)
+    return Path(save(fig, Path(path)))
+
+
+def _hbars(ax: Any, labels: list[str], series: list[tuple[str, str, list[Any]]],
+           xlabel: str) -> None:
+    """Horizontal bars (one group per label, one bar per series, intervals where given):
+    long condition names stay readable at page width."""
+    y = np.arange(len(labels))
+    h = 0.8 / max(1, len(series))
+    for i, (name, color, vals) in enumerate(series):
+        means = [v["mean"] if isinstance(v, dict) else (np.nan if v is None else v)
+                 for v in vals]
+        err = None
+        if any(isinstance(v, dict) for v in vals):
+            err = [[(v["mean"] - v["low"]) if isinstance(v, dict) else 0 for v in vals],
+                   [(v["high"] - v["mean"]) if isinstance(v, dict) else 0 for v in vals]]
+        missing = all(not np.isfinite(m) for m in means)
+        ax.barh(y + (i - (len(series) - 1) / 2) * h, np.nan_to_num(means), h, xerr=err,
+                color=color, capsize=2, label=name + (" (not measured)" if missing else ""))
+    ax.set_yticks(y, labels, fontsize=MIN_FONT)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel, fontsize=MIN_FONT)
+    ax.tick_params(labelsize=MIN_FONT)
+    ax.legend(fontsize=MIN_FONT, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(
+        labels) < 6 else -0.12), ncol=len(series), frameon=False)
+    ax.grid(axis="x", alpha=0.3)
 
 
 @use_style
 def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
-    """Left: the complete set's dose-response (channel, late-layer sink score, sink rate, with
-    intervals). Middle: channel surgery. Right: the sink at position k before and after each
-    intervention."""
-    fig, (ax_dose, ax_surg, ax_move) = plt.subplots(1, 3, figsize=(17, 4.6))
-    sets = result["super_neuron_sets"]
-    curve = result["dose_response"]["creating_set"]
-    draw_dose_response(ax_dose, curve, f"{result['model']}: complete set of MLP "
-                       f"{sets['creating_layer']} -> ch {sets['channel']}")
+    """Top: the dose-responses of the complete set and of its top neuron alone (channel,
+    late-layer sink score, sink rate, with intervals). Middle: channel surgery. Bottom: the
+    sink at position k before and after each intervention. Drawn at page width."""
     rows = result["surgery"]["rows"]
-    x = np.arange(len(rows))
-    for off, key, color, label in ((-0.2, "late_sink_score", BLUE, "late-layer sink score"),
-                                   (0.2, "sink_rate", GREEN, "sink rate")):
-        vals = [r[key] for r in rows]
-        means = [v["mean"] if v else np.nan for v in vals]
-        err = [[(v["mean"] - v["low"]) if v else 0 for v in vals],
-               [(v["high"] - v["mean"]) if v else 0 for v in vals]]
-        ax_surg.bar(x + off, means, 0.4, yerr=err, color=color, label=label, capsize=3)
-    ax_surg.set_xticks(x, [r["condition"] for r in rows], fontsize=6, rotation=25, ha="right")
-    ax_surg.set(ylim=(0, 1), ylabel="at key 0 (95% interval)",
-                title=f"channel surgery, input of block {result['surgery']['layer']}")
-    ax_surg.legend(fontsize=7)
     moves = result["move"]
-    labels = [f"k={m['k']}: {m['intervention']}" for m in moves]
-    xm = np.arange(len(moves))
-    ax_move.bar(xm - 0.2, [m["sink_at_k_before"] for m in moves], 0.4, label="sink at k, before")
-    ax_move.bar(xm + 0.2, [m["sink_at_k_after"] for m in moves], 0.4, label="sink at k, after")
-    ax_move.set_xticks(xm, labels, fontsize=7, rotation=30, ha="right")
-    ax_move.set(ylabel="mean sink score at key k", title="moving the sink to position k")
-    ax_move.legend(fontsize=8)
-    for ax in (ax_surg, ax_move):
-        ax.grid(alpha=0.3)
-    return _save(fig, path)
+    heights = [4.6, 1.3 + 0.28 * len(rows), 1.3 + 0.28 * len(moves)]
+    fig = plt.figure(figsize=(PAGE_WIDTH, sum(heights)), layout="constrained")
+    # one sub-figure per panel: the bar charts' long labels do not squeeze the curve panel
+    ax_dose, ax_surg, ax_move = (sub.subplots() for sub in fig.subfigures(
+        3, 1, height_ratios=heights))
+    sets = result["super_neuron_sets"]
+    labels = {"creating_set": "complete set", "top_neuron_only": "top neuron only"}
+    curves = {labels.get(k, k): v for k, v in result["dose_response"].items()}
+    draw_dose_responses(ax_dose, curves, f"{result['model']}: MLP {sets['creating_layer']} "
+                        f"-> channel {sets['channel']} at position 0")
+    _hbars(ax_surg, [r["condition"] for r in rows],
+           [("late-layer sink score", BLUE, _values(rows, "late_sink_score")),
+            ("sink rate", GREEN, _values(rows, "sink_rate"))],
+           "at key 0 (95% interval)")
+    ax_surg.set_xlim(0, 1)
+    ax_surg.set_title(f"channel surgery, input of block {result['surgery']['layer']}",
+                      fontsize=MIN_FONT + 1)
+    _hbars(ax_move, [f"k={m['k']}: {m['intervention']}" for m in moves],
+           [("before", BLUE, [m["sink_at_k_before"] for m in moves]),
+            ("after", ORANGE, [m["sink_at_k_after"] for m in moves])],
+           "mean sink score at key k")
+    ax_move.set_title("moving the sink to position k", fontsize=MIN_FONT + 1)
+    return Path(save(fig, Path(path)))
 
 
 @use_style
-def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> Path:
+def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8,
+                    bars: int = 30) -> Path:
     """The P0-sink circuit graph (the ``top`` components by path effect -> the super neuron's
-    MLP -> massive channel, and -> the sink; line width ~ effect) above every candidate's path
-    effect into the channel; minimal-circuit members in red."""
+    MLP -> massive channel, and -> the sink; line width proportional to the absolute effect,
+    with the widest line's value in the legend) above the ``bars`` largest path effects into
+    the channel; minimal-circuit members in red. Drawn at page width."""
+    import textwrap
+
+    from matplotlib.lines import Line2D
+
     nodes, edges = result["nodes"], result["edges"]
     members = set(result["circuit"]["members"])
-    fig, (ax_g, ax_b) = plt.subplots(2, 1, figsize=(min(16, max(9, 0.13 * len(nodes))), 8.5),
+    fig, (ax_g, ax_b) = plt.subplots(2, 1, figsize=(PAGE_WIDTH, 8.0), layout="constrained",
                                      gridspec_kw={"height_ratios": [3, 2]})
     keys = ("via_mlp_to_channel", "direct_to_sink")
     peaks = {k: _peak(nodes, k) for k in keys}
@@ -226,37 +287,56 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8) -> P
     sink = next(e["to"] for e in edges if e["metric"] == "sink_score")
     pos = {name: (0.0, 1 - i / max(1, len(shown) - 1)) for i, name in enumerate(shown)}
     pos.update({mlp: (0.45, 0.5), channel: (0.75, 0.75), sink: (1.0, 0.35)})
-    for key, to, color in (("via_mlp_to_channel", mlp, RED),
-                           ("direct_to_sink", sink, BLUE)):
-        peak = _peak(nodes, key)
+    legend = []
+    for key, to, color, what in (("via_mlp_to_channel", mlp, RED, f"via {mlp} into the channel"),
+                                 ("direct_to_sink", sink, BLUE, "direct to the sink")):
+        peak = peaks[key]
         for n in nodes:
             if n["name"] in pos and n[key]:
                 (x0, y0), (x1, y1) = pos[n["name"]], pos[to]
-                ax_g.plot([x0, x1], [y0, y1], color=color, alpha=0.7,
-                          lw=0.3 + 6 * abs(n[key]) / peak, ls="-" if n[key] > 0 else "--")
+                ax_g.plot([x0, x1], [y0, y1], color=color, alpha=0.75,
+                          lw=0.4 + 5.6 * abs(n[key]) / peak, ls="-" if n[key] > 0 else "--")
+        legend.append(Line2D([], [], color=color, lw=6.0,
+                             label=f"{what}: widest line |effect| = {peak:.3g}"))
+    legend.append(Line2D([], [], color=GRAY, ls="--", label="dashed: negative effect"))
     via_sink = max((abs(n["via_mlp_to_sink"] or 0.0) for n in nodes), default=0.0)
-    arrows = ((mlp, channel, f"clean {result['clean']['via_mlp_to_channel']:.6g}"),
-              (channel, sink, f"largest effect via {mlp}: {via_sink:.3g}"))
+    arrows = ((mlp, channel, f"clean {result['clean']['via_mlp_to_channel']:.4g}"),
+              (channel, sink, f"largest via {mlp}: {via_sink:.3g}"))
     for a, b, label in arrows:
         ax_g.annotate("", pos[b], pos[a], arrowprops={"arrowstyle": "->", "lw": 2})
         (xa, ya), (xb, yb) = pos[a], pos[b]
-        ax_g.text((xa + xb) / 2, (ya + yb) / 2 + 0.04, label, ha="center", fontsize=7)
+        ax_g.text((xa + xb) / 2, (ya + yb) / 2 + 0.05, label, ha="center", fontsize=MIN_FONT)
     for name, (x, y) in pos.items():
-        ax_g.text(x, y, name, ha="center", va="center", fontsize=8,
+        ax_g.text(x, y, _label(name), ha="center", va="center", fontsize=MIN_FONT + 1,
                   bbox={"boxstyle": "round", "fc": "mistyrose" if name in members else "white"})
-    ax_g.set(xlim=(-0.12, 1.15), ylim=(-0.1, 1.1),
-             title=f"{result['model']}: position-0 outputs path-patched to their position mean "
-                   "(red: via the super neuron's MLP into the channel; blue: direct to the sink; "
-                   "dashed: negative)")
-    ax_g.title.set_fontsize(9)
+    ax_g.legend(handles=legend, fontsize=MIN_FONT, loc="upper center",
+                bbox_to_anchor=(0.5, 0.0), ncol=1, frameon=False)
+    ax_g.set(xlim=(-0.12, 1.15), ylim=(-0.1, 1.1))
+    ax_g.set_title("\n".join(textwrap.wrap(
+        f"{result['model']}: position-0 outputs path-patched to their position mean", 80)),
+        fontsize=MIN_FONT + 1)
     ax_g.axis("off")
-    x = np.arange(len(nodes))
-    ax_b.bar(x, [n["via_mlp_to_channel"] or 0.0 for n in nodes],
-             color=[RED if n["name"] in members else GRAY for n in nodes])
-    ax_b.set(ylabel=f"{channel}: clean - patched\n(via {mlp}; 0 where not upstream)")
-    ax_b.set_xticks(x, [n["name"] for n in nodes], rotation=90, fontsize=5)
+    biggest = sorted(nodes, key=lambda n: -abs(n["via_mlp_to_channel"] or 0.0))[:bars]
+    x = np.arange(len(biggest))
+    ax_b.bar(x, [n["via_mlp_to_channel"] or 0.0 for n in biggest],
+             color=[RED if n["name"] in members else GRAY for n in biggest])
+    ax_b.set_ylabel(f"{channel}: clean - patched\n(via {mlp})", fontsize=MIN_FONT)
+    ax_b.set_title(f"the {len(biggest)} largest of {len(nodes)} path effects into the channel "
+                   "(red: minimal circuit)", fontsize=MIN_FONT + 1)
+    ax_b.set_xticks(x, [_label(n["name"]) for n in biggest], rotation=90, fontsize=MIN_FONT)
+    ax_b.tick_params(labelsize=MIN_FONT)
+    ax_b.axhline(0, color="black", lw=0.6)
     ax_b.grid(axis="y", alpha=0.3)
-    return _save(fig, path)
+    return Path(save(fig, Path(path)))
+
+
+def _label(name: str, n: int = 18) -> str:
+    """A node's name for a figure: a group (``L0N239+141+...``) longer than ``n`` characters
+    becomes its first member and how many more."""
+    if len(name) <= n:
+        return name
+    parts = name.split("+")
+    return f"{parts[0]} +{len(parts) - 1} more" if len(parts) > 1 else name[: n - 1] + "…"
 
 
 def _peak(nodes: list[dict[str, Any]], key: str) -> float:

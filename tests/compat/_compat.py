@@ -169,7 +169,7 @@ def entry_points(model: Any) -> dict[str, Callable[[], dict[str, Tensor]]]:
 
     clean, corrupted = _tokens(model)
     last = clean.shape[1] - 1
-    diff = LogitDiff(int(clean[0, 1]), int(corrupted[0, 1]), pos=last)
+    diff = LogitDiff(int(clean[0, 1]), int(corrupted[0, 1]), position=last)
     sink = SinkScore(1, 0)
     heads = [f"L0H{h}" for h in range(int(model.cfg.n_heads))]
 
