@@ -17,8 +17,6 @@ NOT_BUILT = "the suite's generic tiny config does not build this architecture"
 EXPECTED: dict[tuple[str, str], str] = {
     ('AfmoeForCausalLM', 'census'):
         'TypeCheckError: Type-check error whilst checking the parameters of mechsink.measure.registry.CensusContext.__init__.',
-    ('AfmoeForCausalLM', 'start_at_layer'):
-        'IndexError: list index out of range',
     ('BambaForCausalLM', '*'):
         "the tiny BambaForCausalLM could not be built: AttributeError: property 'layers_block_type' of 'BambaConfig' object has no setter",
     ('BloomForCausalLM', 'activation:attn_out'):
@@ -31,18 +29,8 @@ EXPECTED: dict[tuple[str, str], str] = {
         'RuntimeError: The expanded size of the tensor (32) must match the existing size (16) at non-singleton dimension 0.  Target sizes: [32, 10, 1',
     ('BloomForCausalLM', 'logit_metric'):
         'RuntimeError: The expanded size of the tensor (80) must match the existing size (40) at non-singleton dimension 0.  Target sizes: [80, 10, 1',
-    ('BloomForCausalLM', 'start_at_layer'):
-        'AssertionError: assert 0.19369085213903944 <= 0.0001',
     ('CodeGenForCausalLM', '*'):
         "AttributeError: 'CodeGenAttention' object has no attribute 'embed_positions'",
-    ('Cohere2ForCausalLM', 'logit_metric'):
-        'AssertionError: assert 15.0 <= 0.0001',
-    ('Cohere2ForCausalLM', 'unembed'):
-        'AssertionError: assert 15.000001525884436 <= 0.0001',
-    ('CohereForCausalLM', 'logit_metric'):
-        'AssertionError: assert 15.0 <= 0.0001',
-    ('CohereForCausalLM', 'unembed'):
-        'AssertionError: assert 14.999998474115127 <= 0.0001',
     ('DeepseekV2ForCausalLM', '*'):
         'the tiny DeepseekV2ForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-single',
     ('DeepseekV3ForCausalLM', '*'):
@@ -89,10 +77,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         "the tiny GPTNeoForCausalLM could not be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_architect",
     ('GPTNeoXForCausalLM', 'census'):
         "BadInputError: the cache holds no 'blocks.<l>.attn.hook_q': cache that hook (names_filter) before measuring.",
-    ('Gemma2ForCausalLM', 'logit_metric'):
-        'AssertionError: assert 0.14287207630437543 <= 0.0001',
-    ('Gemma2ForCausalLM', 'unembed'):
-        'AssertionError: assert 0.5324587238127195 <= 0.0001',
     ('Gemma4ForCausalLM', '*'):
         "the tiny Gemma4ForCausalLM could not be built: AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary acros",
     ('Glm4MoeForCausalLM', 'census'):
@@ -117,14 +101,10 @@ EXPECTED: dict[tuple[str, str], str] = {
         "BadInputError: this model exposes no MLP down projection (W_out): No blocks resolve 'mlp.W_out'. Use bridge.blocks_with('mlp') to check avai",
     ('LagunaForCausalLM', 'census'):
         'TypeCheckError: Type-check error whilst checking the parameters of mechsink.measure.registry.CensusContext.__init__.',
-    ('LagunaForCausalLM', 'start_at_layer'):
-        'IndexError: list index out of range',
     ('Lfm2MoeForCausalLM', '*'):
         "the tiny Lfm2MoeForCausalLM could not be built: TypeError: 'NoneType' object is not subscriptable",
     ('Llama4ForCausalLM', 'census'):
         "BadInputError: this model exposes no MLP down projection (W_out): No blocks resolve 'mlp.W_out'. Use bridge.blocks_with('mlp') to check avai",
-    ('Llama4ForCausalLM', 'start_at_layer'):
-        'IndexError: list index out of range',
     ('Mamba2ForCausalLM', '*'):
         "the tiny Mamba2ForCausalLM could not be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_architect",
     ('MambaForCausalLM', '*'):
@@ -145,16 +125,10 @@ EXPECTED: dict[tuple[str, str], str] = {
         "BadInputError: the cache holds no 'blocks.<l>.attn.hook_q': cache that hook (names_filter) before measuring.",
     ('ModernBertDecoderForCausalLM', 'logit_metric'):
         'RuntimeError: The size of tensor a (20) must match the size of tensor b (10) at non-singleton dimension 0',
-    ('ModernBertDecoderForCausalLM', 'start_at_layer'):
-        'IndexError: list index out of range',
     ('ModernBertDecoderForCausalLM', 'unembed'):
         'AssertionError: assert 1.4846736474970872 <= 0.0001',
     ('NanoChatForCausalLM', 'census'):
         "BadInputError: the cache holds no 'blocks.<l>.attn.hook_q': cache that hook (names_filter) before measuring.",
-    ('NanoChatForCausalLM', 'logit_metric'):
-        'AssertionError: assert 0.05946823264559155 <= 0.0001',
-    ('NanoChatForCausalLM', 'unembed'):
-        'AssertionError: assert 1.6925410022599912 <= 0.0001',
     ('NemotronForCausalLM', '*'):
         "the tiny NemotronForCausalLM could not be built: TypeError: unsupported operand type(s) for //: 'int' and 'NoneType'",
     ('NemotronHForCausalLM', '*'):
