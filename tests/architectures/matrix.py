@@ -1,10 +1,11 @@
 """The README's support matrix, generated from the architecture suite.
 
-``python -m tests.architectures.matrix [OUT.md]`` runs ``tests/architectures`` once with every
-xfail run as a normal test (``--runxfail``), reads the JUnit report (each test records its
-largest relative difference as the ``diff`` property) and writes one Markdown row per
-architecture: the largest difference of each check, or the first line of why it fails. The
-TransformerLens and transformers versions go in the heading.
+``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` runs
+``tests/architectures`` once with every xfail run as a normal test (``--runxfail``; or reads a
+JUnit report of such a run), takes each test's largest relative difference (its ``diff``
+property) and writes one Markdown row per architecture: the largest difference of each check,
+or the first line of why it fails, with the TransformerLens and transformers versions. With
+``--readme`` the table replaces the one between the README's ``support-matrix`` markers.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ COLUMNS = {
 def run_suite(report: Path) -> None:
     """Run the suite, xfails included as normal tests, writing a JUnit report."""
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                    "--runxfail", "--tb=no", f"--junitxml={report}",
+                    "--runxfail", "--tb=no", "-o", "junit_family=legacy",
+                    f"--junitxml={report}",
                     str(Path(__file__).parent)], check=False)
 
 
@@ -48,8 +50,9 @@ def cells(report: Path) -> dict[str, dict[str, str]]:
             failure = case.find("error")
         if failure is not None:
             text = (failure.get("message") or "failed").splitlines()[0]
-            text = re.sub(r"^(Failed: |mechsink\.errors\.|AssertionError: assert )", "", text)
-            cell = f"✗ {text[:90]}".replace("|", "\\|")
+            text = re.sub(r"^(Failed: |mechsink\.errors\.|jaxtyping\.|AssertionError: assert )",
+                          "", text)
+            cell = f"✗ {text[:80]}".replace("|", "\\|")
         else:
             cell = f"{float(props.get('diff', 0.0)):.0e}"
         table[arch][COLUMNS[m.group(1)]].append(cell)
@@ -71,20 +74,40 @@ def markdown(rows: dict[str, dict[str, str]]) -> str:
     lines = ["| architecture | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for arch in sorted(rows):
-        lines.append(f"| {arch} | " + " | ".join(rows[arch].get(c, "") for c in cols) + " |")
+        row = [rows[arch].get(c, "") for c in cols]
+        if len(set(row)) == 1 and row[0].startswith("✗"):  # one cause for every check
+            row = [row[0]] + ["✗ (same)"] * (len(cols) - 1)
+        lines.append(f"| {arch} | " + " | ".join(row) + " |")
     return head + "\n".join(lines) + "\n"
 
 
-def main() -> None:
+README = Path(__file__).resolve().parents[2] / "README.md"
+MARKERS = ("<!-- support-matrix -->\n", "<!-- /support-matrix -->")
+
+
+def into_readme(text: str) -> None:
+    """Replace the table between the README's markers."""
+    readme = README.read_text(encoding="utf-8")
+    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
+    README.write_text(readme[:start] + text + readme[end:], encoding="utf-8")
+
+
+def main(argv: list[str]) -> None:
+    junit = Path(argv[argv.index("--junit") + 1]) if "--junit" in argv else None
+    rest = [a for i, a in enumerate(argv) if a not in ("--junit", "--readme")
+            and (i == 0 or argv[i - 1] != "--junit")]
     with tempfile.TemporaryDirectory() as tmp:
-        report = Path(tmp) / "suite.xml"
-        run_suite(report)
-        text = markdown(cells(report))
-    if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(text, encoding="utf-8")
+        if junit is None:
+            junit = Path(tmp) / "suite.xml"
+            run_suite(junit)
+        text = markdown(cells(junit))
+    if "--readme" in argv:
+        into_readme(text)
+    elif rest:
+        Path(rest[0]).write_text(text, encoding="utf-8")
     else:
         print(text)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
