@@ -289,3 +289,103 @@ def test_every_patch_names_the_versions_it_targets_and_they_are_installed():
         assert module.TARGETS, name
         for package, spec in module.TARGETS.items():
             assert version(package) in SpecifierSet(spec), (name, package, version(package))
+
+
+# --- what TransformerLens declares and what the model does (issue 25) --------------------------
+
+
+def _suite_model(arch, tmp_path, dtype=None):
+    """A tiny random-init ``arch`` from the architecture suite's builder, through hf:<folder>,
+    with transformers' own logits on the suite's probe tokens."""
+    import transformers
+
+    import mechsink
+    from tests.architectures import builder
+
+    folder = builder.save(arch, tmp_path).folder
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder),
+                                                           attn_implementation="eager")
+    tokens = torch.tensor(builder.PROBE)
+    with torch.no_grad():
+        logits = hf(tokens).logits
+    return mechsink.load_model(f"hf:{folder}", device="cpu", dtype=dtype), hf, tokens, logits
+
+
+@pytest.mark.parametrize("arch", ["Gemma2ForCausalLM", "CohereForCausalLM"])
+def test_unembed_applies_the_models_final_logit_step(arch, tmp_path):
+    """Gemma 2's final soft-cap and Cohere's logit scale: mechsink's unembedding (what the
+    built-in logit metrics read) equals transformers' logits (it skipped them: 0.5 and 15 off,
+    relative to the largest logit)."""
+    from mechsink.model import act_name, capabilities, unembed
+
+    model, _, tokens, logits = _suite_model(arch, tmp_path)
+    last = act_name("resid_post", int(model.cfg.n_layers) - 1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[last])
+        got = unembed(model, cache[last])
+    plain = model.unembed(model.ln_final(cache[last]))
+    assert (plain - logits).abs().max() > 1.0  # the step bites on this model
+    assert (got - logits).abs().max() <= 1e-4 * logits.abs().max()
+    assert capabilities(model).unembed_exact
+
+
+def test_run_from_layer_falls_back_where_start_at_layer_ignores_the_residual(tmp_path):
+    """Bloom's bridge ignores the residual given to start_at_layer (0.19 off): the probe finds
+    it and run_from_layer injects the residual by a hook instead."""
+    from mechsink.model import act_name, capabilities, run_from_layer, supports_prefix_reuse
+
+    model, _, tokens, logits = _suite_model("BloomForCausalLM", tmp_path)
+    caps = capabilities(model)
+    assert not caps.start_at_layer and caps.start_diff > 1e-2
+    assert not supports_prefix_reuse(model)
+    name = act_name("resid_pre", 1)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[name])
+        got = run_from_layer(model, cache[name].clone(), 1)
+        swapped = run_from_layer(model, cache[name].flip(0).clone(), 1)
+    assert (got - logits).abs().max() <= 1e-4 * logits.abs().max()
+    assert (swapped - logits.flip(0)).abs().max() <= 1e-4 * logits.abs().max()
+
+
+def test_capabilities_on_a_model_where_every_shortcut_holds(llama_tiny):
+    from mechsink.model import capabilities
+
+    caps = capabilities(llama_tiny)
+    assert caps is capabilities(llama_tiny)  # probed once, cached on the model
+    assert caps.start_at_layer and caps.unembed_exact and caps.split_qkv and caps.rotary_qk
+    assert caps.grows_at("hook_resid_pre")
+
+
+def test_capabilities_see_rotary_hooks_that_never_fire(tmp_path):
+    """GPT-NeoX (fused QKV): TransformerLens declares hook_rot_q/k, they never fire."""
+    from mechsink.model import capabilities, has_hook
+
+    model, *_ = _suite_model("GPTNeoXForCausalLM", tmp_path)
+    assert has_hook(model, "blocks.0.attn.hook_rot_q")
+    caps = capabilities(model)
+    assert not caps.rotary_qk and caps.split_qkv
+
+
+@pytest.mark.parametrize(("arch", "d_mlp_field", "act"), [
+    ("OPTForCausalLM", "ffn_dim", "relu"), ("XGLMForCausalLM", "ffn_dim", "gelu"),
+    ("FalconForCausalLM", "ffn_hidden_size", "gelu"), ("BloomForCausalLM", None, "gelu_tanh"),
+])
+def test_architecture_summary_reads_what_the_bridge_reports_wrongly(arch, d_mlp_field, act,
+                                                                    tmp_path):
+    """The bridge says d_mlp = 4 x d_model for OPT/XGLM and relu for Bloom/Falcon; the MLP's
+    own weights and the transformers config say otherwise."""
+    model, hf, *_ = _suite_model(arch, tmp_path)
+    summary = architecture_summary(model)
+    widths = {m.out_features for n, m in hf.named_modules()
+              if isinstance(m, torch.nn.Linear) and n.split(".")[-1] in
+              ("fc1", "dense_h_to_4h", "fc_in", "c_fc")}
+    assert widths == {summary["d_mlp"]}
+    if d_mlp_field:
+        assert summary["d_mlp"] == getattr(hf.config, d_mlp_field)
+    assert summary["activation"] == act
+
+
+def test_architecture_summary_dtype_is_the_weights(tmp_path):
+    model, *_ = _suite_model("LlamaForCausalLM", tmp_path, dtype="bfloat16")
+    assert str(model.cfg.dtype) == "torch.float32"  # what the bridge says
+    assert architecture_summary(model)["dtype"] == "bfloat16"

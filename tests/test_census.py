@@ -205,3 +205,45 @@ def test_a_new_census_measurement_is_one_entry(llama_tiny):
         census(llama_tiny, n=2, seq_len=8, measurements=[*CENSUS_MEASUREMENTS, entry, entry])
     with pytest.raises(BadInputError, match="'sinks'"):
         census(llama_tiny, n=2, seq_len=8, measurements=[entry])
+
+
+# --- one measurement that cannot apply never ends the census (issue 25) -------------------------
+
+
+def _tiny_census(arch, tmp_path):
+    import torch
+
+    import mechsink
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.measure.census import census
+    from tests.architectures import builder
+
+    folder = builder.save(arch, tmp_path).folder
+    model = mechsink.load_model(f"hf:{folder}", device="cpu")
+    return census(model, prompts=[PromptSet("custom", "given", torch.tensor(builder.PROBE))],
+                  batch_size=2, progress=lambda *a: None)
+
+
+def test_census_of_a_fused_qkv_model_says_key_bias_does_not_apply(tmp_path):
+    """GPT-NeoX: the rotary hooks never fire (the plain ones are pre-rotary): the key-bias
+    cosine is not applicable, with the reason; every other measurement is there (it raised
+    "the cache holds no 'blocks.<l>.attn.hook_q'" before)."""
+    run = _tiny_census("GPTNeoXForCausalLM", tmp_path).to_dict()["runs"][0]
+    assert set(run["not_applicable"]) == {"keys"}
+    assert "hook_rot_q" in run["not_applicable"]["keys"]
+    assert "key_bias_cosine" not in run and run["sink_rate"] is not None
+    assert run["super_neurons"] is not None
+
+
+def test_census_of_a_mixture_of_experts_measures_all_but_super_neurons(tmp_path):
+    """Mixtral: no single MLP down projection; the census refused the model before."""
+    from mechsink.measure.census import census_json, summary_rows
+
+    c = _tiny_census("MixtralForCausalLM", tmp_path)
+    data = c.to_dict()
+    run = data["runs"][0]
+    assert set(run["not_applicable"]) == {"mlp", "super_sets"}
+    assert "mixture-of-experts" in run["not_applicable"]["mlp"]
+    assert "key_bias_cosine" in run and "massive_activations" in run
+    assert summary_rows(data)[0]["super_neurons"] == []
+    census_json(c)  # serialisable

@@ -38,7 +38,12 @@ from mechsink.measure import sinks
 from mechsink.measure._cache import CacheLike, hook_names, rounded
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
-from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext, CensusMeasurement
+from mechsink.measure.registry import (
+    CENSUS_MEASUREMENTS,
+    CensusContext,
+    CensusMeasurement,
+    NotApplicable,
+)
 from mechsink.model import (
     act_name,
     architecture_summary,
@@ -47,6 +52,7 @@ from mechsink.model import (
     down_projection,
     head_output_weights,
     token_strings,
+    true_dtype,
 )
 
 SCHEMA = "mechsink-census/2"  # /2: super_neuron_sets (complete super-neuron sets)
@@ -114,7 +120,11 @@ class RunCensus:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, **self.prompts}
         for entry in self.entries:
-            out.update(entry.to_json(self.measurements[entry.name]))
+            value = self.measurements[entry.name]
+            if isinstance(value, NotApplicable):
+                out.setdefault("not_applicable", {})[entry.name] = value.reason
+            else:
+                out.update(entry.to_json(value))
         out["attention_example"] = self.example.to_dict()
         return out
 
@@ -244,7 +254,7 @@ def census(
             raise BadInputError("prompts is empty: pass at least one PromptSet.")
         for p in prompt_sets:
             check_census_args(model, ["natural"], ["nobos"], p.n, p.seq_len, eps, batch_size)
-    context = CensusContext(down_projection(model), head_output_weights(model), eps)
+    context = census_context(model, eps)
     with _default_bar(prompt_sets, progress) as report:
         runs = tuple(_run_one(model, p, context, batch_size, report, entries)
                      for p in prompt_sets)
@@ -253,10 +263,28 @@ def census(
                 "n": n if prompts is None else None,
                 "seq_len": seq_len if prompts is None else None,
                 "seed": seed, "eps": eps, "key_position": 0, "batch_size": batch_size,
-                "dtype": str(model.cfg.dtype).replace("torch.", ""),
+                "dtype": str(true_dtype(model)).replace("torch.", ""),
                 "device": str(getattr(model.cfg, "device", "cpu") or "cpu")}
     return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
                   architecture_summary(model), settings, runs)
+
+
+def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
+    """The weights the measurements read; a model without one MLP down projection per layer
+    (mixture of experts) gets none, and the measurements that need it say so."""
+    cfg = model.cfg
+    try:
+        w_out, why = down_projection(model), ""
+    except BadInputError as exc:
+        w_out, why = None, str(exc).split(":")[0]
+    if w_out is not None and (w_out.ndim != 3 or w_out.shape[0] != int(cfg.n_layers)
+                              or w_out.shape[2] != int(cfg.d_model)):
+        w_out, why = None, (f"this model's MLP down projections have shape "
+                            f"{tuple(w_out.shape)}, not [layer, d_mlp, d_model]")
+    if w_out is None:
+        why += " (super neurons need one MLP down projection per layer; a mixture-of-experts " \
+               "MLP has one per expert)"
+    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why)
 
 
 @contextmanager
@@ -334,6 +362,8 @@ def _run_one(
 
     merged = measure_forward(model, prompts.tokens, measurements, batch_size=batch_size,
                              on_chunk=done)
+    if isinstance(merged["sinks"], NotApplicable):
+        raise BadInputError(f"the census cannot measure this model: {merged['sinks'].reason}.")
     example_pattern = merged.pop("attention_example")
     top = merged["sinks"].top_heads(EXAMPLE_HEADS)
     example = AttentionExample(
@@ -407,7 +437,7 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                                "sink_rate_no_self": run["sink_rate_no_self"]}
         for key, label in (("massive_activations", "massive"),
                            ("massive_activations_layer_median", "massive_layer_median")):
-            acts = run[key]
+            acts = run.get(key, [])
             layers = [a["layer"] for a in acts]
             row[label] = {
                 "count": len(acts),
@@ -417,8 +447,8 @@ def summary_rows(data: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "max_abs": max((a["max_abs"] for a in acts), default=None),
             }
         row["super_neurons"] = [(s["layer"], s["neuron"], s["channel"])
-                                for s in run["super_neurons"]]
-        ratio = [r for r in run["first_token_norm_ratio"] if r is not None]
+                                for s in run.get("super_neurons", [])]
+        ratio = [r for r in run.get("first_token_norm_ratio", []) if r is not None]
         row["norm_ratio_range"] = [min(ratio), max(ratio)] if ratio else None
         rows.append(row)
     return rows

@@ -189,13 +189,32 @@ class MassiveReport:
         }
 
 
+def check_finite(resid: Float[Tensor, "layer batch pos d"]) -> None:
+    """Raise, naming the first (layer, sequence, position, channel), where ``resid`` is not
+    finite."""
+    bad = ~torch.isfinite(resid)
+    if not bad.any():
+        return
+    layer, seq, pos, channel = (int(i) for i in bad.nonzero()[0])
+    raise BadInputError(
+        f"the residual stream is {resid[layer, seq, pos, channel].item()} at layer {layer}, "
+        f"sequence {seq}, position {pos}, channel {channel} in {str(resid.dtype)[6:]}: a "
+        "massive activation beyond the half-precision range (float16 holds |x| <= 65504); "
+        "load the model in bfloat16 or float32.")
+
+
 def massive_activations(
     cache: CacheLike,
     abs_threshold: float = ABS_THRESHOLD,
     ratio_threshold: float = RATIO_THRESHOLD,
 ) -> MassiveReport:
-    """Sun et al.'s massive activations and per-layer magnitudes, from ``hook_resid_post``."""
-    resid = stacked(cache, HOOKS[0]).float()
+    """Sun et al.'s massive activations and per-layer magnitudes, from ``hook_resid_post``.
+
+    A residual entry that is not finite (a massive activation beyond float16's range, ±65504,
+    overflows to inf) is a BadInputError naming where, not a silent inf in the report."""
+    resid = stacked(cache, HOOKS[0])
+    check_finite(resid)
+    resid = resid.float()
     n = int(resid.shape[1])
     hits = [MassiveHits(n, *(t.cpu() for t in find_massive(resid, ref, abs_threshold,
                                                             ratio_threshold)))

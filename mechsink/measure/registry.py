@@ -18,10 +18,11 @@ from typing import Any
 from jaxtyping import Float
 from torch import Tensor
 
+from mechsink.errors import BadInputError
 from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
 from mechsink.measure._cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
-from mechsink.model import has_hook
+from mechsink.model.capabilities import capabilities
 
 
 @dataclass(frozen=True)
@@ -29,10 +30,33 @@ class CensusContext:
     """What a census measurement may read besides the cache: the model's stacked weights and
     the census settings."""
 
-    w_out: Float[Tensor, "layer d_mlp d_model"]  # MLP down projections
+    w_out: Float[Tensor, "layer d_mlp d_model"] | None  # MLP down projections (None: none)
     w_o: Float[Tensor, "layer head d_head d_model"]  # attention output projections
     eps: float = sinks.DEFAULT_EPS  # sink-rate threshold
     position: int = 0  # the key position the sink scores are of
+    no_w_out: str = ""  # why w_out is None (a mixture-of-experts MLP has no single one)
+
+    def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
+        """``w_out``, or a BadInputError saying why the model has none."""
+        if self.w_out is None:
+            raise BadInputError(self.no_w_out or "this model exposes no MLP down projection.")
+        return self.w_out
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    """A census measurement that does not apply to this model, and why (written to the run's
+    ``not_applicable`` object in ``census.json`` instead of the measurement's keys)."""
+
+    name: str
+    reason: str
+
+    @classmethod
+    def merge(cls, parts: Sequence[NotApplicable]) -> NotApplicable:
+        return parts[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"not_applicable": {self.name: self.reason}}
 
 
 def _to_dict(result: Any) -> dict[str, Any]:
@@ -54,15 +78,39 @@ class CensusMeasurement:
         return self.hooks(model) if callable(self.hooks) else self.hooks
 
     def on(self, model: Any, context: CensusContext) -> Measurement:
-        """This entry as a :class:`~mechsink.measure.forward.Measurement` of ``model``."""
-        return Measurement(self.hooks_of(model),
-                           lambda forward: self.measure(forward.cache, context), self.merge)
+        """This entry as a :class:`~mechsink.measure.forward.Measurement` of ``model``.
+
+        Hooks that never fire on the model (probed, :func:`mechsink.model.capabilities`) or a
+        BadInputError of the measurement make it :class:`NotApplicable` with the reason,
+        never the end of the census."""
+        hooks = self.hooks_of(model)
+        caps = capabilities(model)
+        silent = [h for h in hooks if not caps.fires(h)]
+        if silent:
+            arch = type(getattr(model, "original_model", model)).__name__
+            why = NotApplicable(self.name, f"hook(s) {', '.join(silent)} never fire on this "
+                                           f"{arch} (declared by TransformerLens, not called)")
+            return Measurement((), lambda forward: why, NotApplicable.merge)
+
+        def read(forward: Any) -> Any:
+            try:
+                return self.measure(forward.cache, context)
+            except BadInputError as exc:
+                return NotApplicable(self.name, str(exc))
+
+        def merge(parts: Sequence[Any]) -> Any:
+            na = next((p for p in parts if isinstance(p, NotApplicable)), None)
+            return na if na is not None else self.merge(parts)
+
+        return Measurement(hooks, read, merge)
 
 
 def _qk_hooks(model: Any) -> tuple[str, ...]:
-    """The rotated queries and keys where the model has them, else the plain ones."""
-    return keys.ROTARY_HOOKS if has_hook(model, "blocks.0." + keys.ROTARY_HOOKS[0]) \
-        else keys.PLAIN_HOOKS
+    """The vectors the attention score is made of: the rotated queries and keys on a rotary
+    model (where they never fire the measurement is not applicable: the plain ones would be
+    pre-rotary), else the plain ones."""
+    rotary = str(getattr(model.cfg, "positional_embedding_type", "")) == "rotary"
+    return keys.ROTARY_HOOKS if rotary or capabilities(model).rotary_qk else keys.PLAIN_HOOKS
 
 
 CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
@@ -71,9 +119,10 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("massive", massive.HOOKS,
                       lambda cache, c: massive.massive_activations(cache)),
     CensusMeasurement("mlp", super_neurons.HOOKS,
-                      lambda cache, c: super_neurons.mlp_spikes(cache, c.w_out)),
+                      lambda cache, c: super_neurons.mlp_spikes(cache, c.down_projections())),
     CensusMeasurement("super_sets", super_neurons.SET_HOOKS,
-                      lambda cache, c: super_neurons.super_neuron_sets(cache, c.w_out)),
+                      lambda cache, c: super_neurons.super_neuron_sets(cache,
+                                                                       c.down_projections())),
     CensusMeasurement("norm_ratio", norms.RESID_HOOKS,
                       lambda cache, c: norms.first_token_norm_ratio(cache)),
     CensusMeasurement("value_drain", norms.VALUE_HOOKS,

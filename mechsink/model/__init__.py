@@ -8,6 +8,8 @@
 - :mod:`~mechsink.model.hooks`: hook names, and how a hook edits what it sees.
 - :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware) and the attention
   scale.
+- :mod:`~mechsink.model.capabilities`: what a model really does (hooks that fire, a forward
+  from a later layer, the unembedding), probed once per model.
 - :mod:`~mechsink.model.forward` and :mod:`~mechsink.model.kv`: runs from a layer, up to a
   layer, reusing a recorded prefix's keys and values (what the patching engine runs on).
 - :mod:`~mechsink.model.patches`: every change to TransformerLens's or transformers' own
@@ -24,7 +26,16 @@ Everything outside this package reaches a model through the names exported here.
 
 from typing import Any
 
-from mechsink.model.adapter import architecture_summary, plain_hf_copy, wrap, wrap_hf
+from mechsink.model.adapter import (
+    architecture_summary,
+    plain_hf_copy,
+    true_act_fn,
+    true_d_mlp,
+    true_dtype,
+    wrap,
+    wrap_hf,
+)
+from mechsink.model.capabilities import Capabilities, capabilities
 from mechsink.model.forward import run_from_layer, run_with_kv, unembed
 from mechsink.model.hooks import (
     act_name,
@@ -69,12 +80,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "PrefixKV", "TransformerBridge", "act_name", "architecture_summary", "attention_scale",
-    "bos_token_id", "check_seq_len", "check_tokens", "context_length", "down_projection",
-    "has_hook", "head_output_weights", "hf_model_of", "hook_names", "is_bridge",
-    "is_hooked_transformer", "key_bias", "key_weights", "list_models", "load_model",
-    "n_kv_heads", "norm_params", "plain_hf_copy", "query_bias", "run_from_layer", "run_with_kv",
-    "save_organism", "scale_edits_expected", "supports_prefix_reuse", "tl_get_act_name",
-    "to_tokens", "token_strings", "tokenizer_of", "unembed", "wrap", "wrap_hf",
-    "write_in_place",
+    "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
+    "attention_scale", "bos_token_id", "capabilities", "check_seq_len", "check_tokens",
+    "context_length", "down_projection", "has_hook", "head_output_weights", "hf_model_of",
+    "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",
+    "load_model", "n_kv_heads", "norm_params", "plain_hf_copy", "query_bias", "run_from_layer",
+    "run_with_kv", "save_organism", "scale_edits_expected", "supports_prefix_reuse",
+    "tl_get_act_name", "to_tokens", "token_strings", "tokenizer_of", "true_act_fn", "true_d_mlp",
+    "true_dtype", "unembed", "wrap", "wrap_hf", "write_in_place",
 ]

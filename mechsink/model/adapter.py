@@ -124,17 +124,69 @@ def architecture_summary(model: Any) -> dict[str, Any]:
         "n_kv_heads": n_kv_heads(model),
         "d_model": int(cfg.d_model),
         "d_head": int(cfg.d_head),
-        "d_mlp": int(cfg.d_mlp) if cfg.d_mlp else None,
+        "d_mlp": true_d_mlp(model),
         "n_ctx": int(cfg.n_ctx),
         "d_vocab": int(cfg.d_vocab),
         "positional_embedding": str(cfg.positional_embedding_type),
         "normalization": str(cfg.normalization_type),
-        "activation": str(cfg.act_fn),
+        "activation": true_act_fn(model),
         "gated_mlp": bool(getattr(cfg, "gated_mlp", False)),
         "n_params": sum(p.numel() for p in module.parameters()),
-        "dtype": str(cfg.dtype).replace("torch.", ""),
+        "dtype": str(true_dtype(model)).replace("torch.", ""),
         "bos_token_id": bos_token_id(model),
     }
+
+
+# Config values TransformerLens 4.3's bridge reports wrongly, read from the transformers config
+# instead: OPT's and XGLM's MLP width (``ffn_dim``; the bridge gives 4 x d_model), Bloom's and
+# Falcon's activation (the bridge says relu; they use GELU), and cfg.dtype (float32 for a
+# model loaded in bfloat16).
+_D_MLP_FIELDS = ("ffn_dim", "ffn_hidden_size", "intermediate_size", "n_inner")
+_ACT_FIELDS = ("hidden_act", "activation_function", "activation", "hidden_activation")
+_ACT_BY_MODEL = {"bloom": "gelu_tanh"}  # BloomGelu: the tanh approximation, fixed in code
+
+
+def _hf_config(model: Any) -> Any:
+    try:
+        return hf_model_of(model).config
+    except BadInputError:
+        return None
+
+
+def true_d_mlp(model: Any) -> int | None:
+    """The MLP hidden width, from the transformers config where it names one (the bridge's
+    ``cfg.d_mlp`` is 4 x d_model for OPT and XGLM whatever their ``ffn_dim``)."""
+    config = _hf_config(model)
+    for name in _D_MLP_FIELDS if config is not None else ():
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    d_mlp = getattr(model.cfg, "d_mlp", None)
+    return int(d_mlp) if d_mlp else None
+
+
+def true_act_fn(model: Any) -> str:
+    """The MLP activation, from the transformers config (Bloom's, fixed in its code, by
+    model type); the bridge's ``cfg.act_fn`` otherwise."""
+    config = _hf_config(model)
+    if config is not None:
+        if getattr(config, "model_type", None) in _ACT_BY_MODEL:
+            return _ACT_BY_MODEL[config.model_type]
+        for name in _ACT_FIELDS:
+            value = getattr(config, name, None)
+            if isinstance(value, str) and value:
+                return value
+    return str(model.cfg.act_fn)
+
+
+def true_dtype(model: Any) -> torch.dtype:
+    """The dtype the weights are held in (the bridge's ``cfg.dtype`` stays float32)."""
+    try:
+        module = hf_model_of(model)
+    except BadInputError:
+        module = model
+    first = next(iter(module.parameters()), None)
+    return first.dtype if first is not None else model.cfg.dtype
 
 
 def plain_hf_copy(model: Any) -> nn.Module:

@@ -106,6 +106,10 @@ def supports_prefix_reuse(model: Any) -> bool:
         return False
     if not starts_at_layer(model):
         return False
+    from mechsink.model.capabilities import capabilities
+
+    if not capabilities(model).start_at_layer:  # a suffix run starts at a later layer
+        return False
     blocks = getattr(model, "blocks", None)
     return bool(blocks) and all(hasattr(getattr(b, "attn", None), "_update_kv_cache")
                                 for b in blocks)

@@ -1,0 +1,133 @@
+"""What a model really does, measured once by cheap probes: which hooks fire, whether a forward
+from a later layer uses the residual it is given, whether mechsink's own unembedding equals the
+model's logits.
+
+TransformerLens declares hooks and options per architecture that do not always hold (rotary
+hooks that never fire on fused-QKV models, a ``start_at_layer`` that Bloom's bridge ignores).
+The engine's shortcuts are taken only where a probe here proved them exact; the probes run one
+short forward each (2 sequences of 3 tokens) and are cached per model.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mechsink.errors import BadInputError
+
+PROBE_TOL = 1e-4  # relative to the largest logit (at least 1)
+
+_CACHE: weakref.WeakKeyDictionary[Any, Capabilities] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """Per model: the per-block hook suffixes that fire in a forward (``attn.hook_q``, ...),
+    whether ``start_at_layer`` uses the residual given, whether :func:`mechsink.model.unembed`
+    equals the model's own logits, and the largest differences the probes saw."""
+
+    hooks_fire: frozenset[str]
+    start_at_layer: bool
+    unembed_exact: bool
+    start_diff: float
+    unembed_diff: float
+    batch_growth: frozenset[str] = frozenset()  # hooks where copies may join the batch
+
+    def grows_at(self, suffix: str) -> bool:
+        """Whether copies may join the batch at the per-block hook ``suffix`` mid-forward (the
+        patching engine's staircase) and every row still gets its exact logits."""
+        return suffix in self.batch_growth
+
+    @property
+    def split_qkv(self) -> bool:
+        """Per-head queries, keys and values (``attn.hook_q/k/v``) fire."""
+        return {"attn.hook_q", "attn.hook_k", "attn.hook_v"} <= self.hooks_fire
+
+    @property
+    def rotary_qk(self) -> bool:
+        """Rotated queries and keys (``attn.hook_rot_q/k``) fire."""
+        return {"attn.hook_rot_q", "attn.hook_rot_k"} <= self.hooks_fire
+
+    def fires(self, suffix: str) -> bool:
+        """Whether the per-block hook ``suffix`` fires (at block 0)."""
+        return suffix in self.hooks_fire
+
+
+def probe_tokens(model: Any) -> torch.Tensor:
+    """Two 3-token sequences of distinct, valid ids (different sequences: a residual swapped
+    between them must change the logits)."""
+    vocab = int(model.cfg.d_vocab)
+    ids = torch.tensor([[0, 1 % vocab, 2 % vocab], [3 % vocab, 4 % vocab, 5 % vocab]])
+    device = getattr(model.cfg, "device", None)
+    return ids.to(device) if device is not None else ids
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.abs().max().clamp_min(1.0)).item()
+
+
+@torch.no_grad()
+def _probe(model: Any) -> Capabilities:
+    from mechsink.model.forward import start_forward, unembed
+
+    n_layers = int(model.cfg.n_layers)
+    tokens = probe_tokens(model)
+    logits, cache = model.run_with_cache(tokens)
+    fired = frozenset(k.split(".", 2)[2] for k in cache.keys() if k.startswith("blocks.0."))
+    last = f"blocks.{n_layers - 1}"
+    unembed_diff = _rel(unembed(model, cache[f"{last}.hook_resid_post"]), logits) \
+        if f"{last}.hook_resid_post" in cache.keys() else float("inf")
+    start_diff = float("inf")
+    name = f"{last}.hook_resid_pre"
+    if name in cache.keys():
+        resid = cache[name]
+        try:
+            same = start_forward(model, resid.clone(), n_layers - 1)
+            swapped = start_forward(model, resid.flip(0).clone(), n_layers - 1)
+            start_diff = max(_rel(same, logits), _rel(swapped, logits.flip(0)))
+        except Exception:  # noqa: BLE001 - any failure means: not usable on this model
+            start_diff = float("inf")
+    growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
+    return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
+                        start_diff, unembed_diff, growth)
+
+
+GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
+
+
+def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str) -> bool:
+    """A forward whose batch doubles at the last block's ``suffix`` (each row copied) gives
+    every copy its row's logits."""
+    from mechsink.model.patches.growing_batch import masks_follow_batch
+
+    def double(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        return torch.cat([act, act])
+
+    name = f"blocks.{int(model.cfg.n_layers) - 1}.{suffix}"
+    try:
+        with model.hooks(fwd_hooks=[(name, double)]), masks_follow_batch(model):
+            grown = model(tokens, return_type="logits")
+    except Exception:  # noqa: BLE001 - any failure means: do not grow the batch here
+        return False
+    return tuple(grown.shape) == (2 * logits.shape[0], *logits.shape[1:]) and \
+        _rel(grown, torch.cat([logits, logits])) <= PROBE_TOL
+
+
+def capabilities(model: Any) -> Capabilities:
+    """The model's :class:`Capabilities`, probed on first use and cached on the model."""
+    try:
+        return _CACHE[model]
+    except (KeyError, TypeError):
+        pass
+    if not hasattr(model, "cfg") or not hasattr(model, "run_with_cache"):
+        raise BadInputError(f"capabilities() takes a mechsink model (mechsink.wrap), not a "
+                            f"{type(model).__name__}.")
+    found = _probe(model)
+    try:
+        _CACHE[model] = found
+    except TypeError:  # not weak-referenceable: probe again next time
+        pass
+    return found

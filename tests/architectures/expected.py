@@ -1,0 +1,179 @@
+# ruff: noqa: E501  (a generated table: one reason per line, as the test reports it)
+"""The one table of known-unsupported (architecture, check) pairs of the architecture suite.
+
+Each entry is a strict xfail with its reason: fixing the cause makes the test pass, which
+fails the suite until the entry is removed here. ``"*"`` stands for every check of the
+architecture. Architectures the generic tiny-config builder cannot build are listed too: they
+are a limit of the suite's builder, not a verdict on mechsink.
+"""
+
+from __future__ import annotations
+
+CHECKS = ("logits", "wrap", "unembed", "start_at_layer", "census", "activation:<site>",
+          "logit_metric")
+
+NOT_BUILT = "the suite's generic tiny config does not build this architecture"
+
+EXPECTED: dict[tuple[str, str], str] = {
+    ('BambaForCausalLM', '*'):
+        "the tiny BambaForCausalLM could not be built: AttributeError: property 'layers_block_type' of 'BambaConfig' object has no setter",
+    ('BloomForCausalLM', 'activation:attn_out'):
+        'RuntimeError: The expanded size of the tensor (80) must match the existing size (40) at non-singleton dimension 0.  Target sizes: [80, 10, 1',
+    ('BloomForCausalLM', 'activation:mlp_out'):
+        'RuntimeError: The expanded size of the tensor (80) must match the existing size (40) at non-singleton dimension 0.  Target sizes: [80, 10, 1',
+    ('BloomForCausalLM', 'activation:resid_pre'):
+        'RuntimeError: The expanded size of the tensor (80) must match the existing size (40) at non-singleton dimension 0.  Target sizes: [80, 10, 1',
+    ('BloomForCausalLM', 'activation:z_all_pos'):
+        'RuntimeError: The expanded size of the tensor (32) must match the existing size (16) at non-singleton dimension 0.  Target sizes: [32, 10, 1',
+    ('BloomForCausalLM', 'logit_metric'):
+        'RuntimeError: The expanded size of the tensor (80) must match the existing size (40) at non-singleton dimension 0.  Target sizes: [80, 10, 1',
+    ('CodeGenForCausalLM', '*'):
+        "AttributeError: 'CodeGenAttention' object has no attribute 'embed_positions'",
+    ('DeepseekV2ForCausalLM', '*'):
+        'the tiny DeepseekV2ForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-single',
+    ('DeepseekV3ForCausalLM', '*'):
+        'the tiny DeepseekV3ForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-single',
+    ('DeepseekV4ForCausalLM', 'activation:attn_out'):
+        "KeyError: 'blocks.0.hook_attn_out'",
+    ('DeepseekV4ForCausalLM', 'activation:mlp_out'):
+        "KeyError: 'blocks.0.hook_mlp_out'",
+    ('DeepseekV4ForCausalLM', 'activation:resid_pre'):
+        "KeyError: 'blocks.0.hook_resid_pre'",
+    ('DeepseekV4ForCausalLM', 'activation:z_all_pos'):
+        "KeyError: 'blocks.0.attn.hook_z'",
+    ('DeepseekV4ForCausalLM', 'census'):
+        "BadInputError: this model exposes no attention output weights (W_O): No blocks resolve 'attn.W_O'. Use bridge.blocks_with('attn') to check a",
+    ('DeepseekV4ForCausalLM', 'logit_metric'):
+        "KeyError: 'blocks.0.hook_resid_pre'",
+    ('DeepseekV4ForCausalLM', 'start_at_layer'):
+        "KeyError: 'names_filter ['blocks.1.hook_resid_pre'] matched no hook points on this model; check the name against model.hook_dict (this backe",
+    ('DeepseekV4ForCausalLM', 'unembed'):
+        "KeyError: 'names_filter ['blocks.1.hook_resid_post'] matched no hook points on this model; check the name against model.hook_dict (this back",
+    ('FalconH1ForCausalLM', '*'):
+        "the tiny FalconH1ForCausalLM could not be built: AttributeError: property 'layers_block_type' of 'FalconH1Config' object has no setter",
+    ('FalconMambaForCausalLM', '*'):
+        "AttributeError: 'FalconMambaCausalLMOutput' object has no attribute 'attentions'",
+    ('GPTBigCodeForCausalLM', 'activation:attn_out'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('GPTBigCodeForCausalLM', 'activation:mlp_out'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('GPTBigCodeForCausalLM', 'activation:resid_pre'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('GPTBigCodeForCausalLM', 'activation:z_all_pos'):
+        "RuntimeError: shape '[4, 10, 64]' is invalid for input of size 5120",
+    ('GPTBigCodeForCausalLM', 'logit_metric'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('GPTNeoForCausalLM', '*'):
+        "the tiny GPTNeoForCausalLM could not be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_architect",
+    ('Gemma4ForCausalLM', '*'):
+        "the tiny Gemma4ForCausalLM could not be built: AmbiguousGlobalPerLayerAttributeError: 'head_dim' is a per-layer attribute and may vary acros",
+    ('Glm4MoeLiteForCausalLM', '*'):
+        'the tiny Glm4MoeLiteForCausalLM could not be built: RuntimeError: The size of tensor a (4) must match the size of tensor b (8) at non-single',
+    ('GlmMoeDsaForCausalLM', '*'):
+        'the tiny GlmMoeDsaForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-singlet',
+    ('GraniteMoeHybridForCausalLM', '*'):
+        'the tiny GraniteMoeHybridForCausalLM could not be built: ValueError: `get_seq_length` can only be called on Attention layers, and the curren',
+    ('HrmTextForCausalLM', '*'):
+        'the tiny HrmTextForCausalLM could not be built: IndexError: list index out of range',
+    ('JambaForCausalLM', '*'):
+        'the tiny JambaForCausalLM could not be built: ValueError: `get_seq_length` can only be called on Attention layers, and the current Cache see',
+    ('JetMoeForCausalLM', 'activation:z_all_pos'):
+        "KeyError: 'blocks.0.attn.hook_z'",
+    ('JetMoeForCausalLM', 'census'):
+        "BadInputError: this model exposes no attention output weights (W_O): No blocks resolve 'attn.W_O'. Use bridge.blocks_with('attn') to check a",
+    ('Lfm2MoeForCausalLM', '*'):
+        "the tiny Lfm2MoeForCausalLM could not be built: TypeError: 'NoneType' object is not subscriptable",
+    ('Mamba2ForCausalLM', '*'):
+        "the tiny Mamba2ForCausalLM could not be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_architect",
+    ('MambaForCausalLM', '*'):
+        "AttributeError: 'MambaCausalLMOutput' object has no attribute 'attentions'",
+    ('ModernBertDecoderForCausalLM', 'activation:attn_out'):
+        'RuntimeError: The size of tensor a (20) must match the size of tensor b (10) at non-singleton dimension 0',
+    ('ModernBertDecoderForCausalLM', 'activation:mlp_out'):
+        'RuntimeError: The size of tensor a (20) must match the size of tensor b (10) at non-singleton dimension 0',
+    ('ModernBertDecoderForCausalLM', 'activation:resid_pre'):
+        'RuntimeError: The size of tensor a (20) must match the size of tensor b (10) at non-singleton dimension 0',
+    ('ModernBertDecoderForCausalLM', 'activation:z_all_pos'):
+        'RuntimeError: The size of tensor a (8) must match the size of tensor b (4) at non-singleton dimension 0',
+    ('ModernBertDecoderForCausalLM', 'logit_metric'):
+        'RuntimeError: The size of tensor a (20) must match the size of tensor b (10) at non-singleton dimension 0',
+    ('ModernBertDecoderForCausalLM', 'unembed'):
+        'AssertionError: assert 1.4846736474970872 <= 0.0001',
+    ('NemotronForCausalLM', '*'):
+        "the tiny NemotronForCausalLM could not be built: TypeError: unsupported operand type(s) for //: 'int' and 'NoneType'",
+    ('NemotronHForCausalLM', '*'):
+        "the tiny NemotronHForCausalLM could not be built: StrictDataclassClassValidationError: Class validation error for validator 'validate_layer_",
+    ('OPTForCausalLM', 'activation:mlp_out'):
+        "RuntimeError: shape '[10, 64]' is invalid for input of size 64000",
+    ('OlmoHybridForCausalLM', 'activation:attn_out'):
+        "AttributeError: '_OlmoHybridBlockBridge' object has no attribute 'attn'",
+    ('OlmoHybridForCausalLM', 'activation:mlp_out'):
+        "AttributeError: '_OlmoHybridBlockBridge' object has no attribute 'attn'",
+    ('OlmoHybridForCausalLM', 'activation:resid_pre'):
+        "AttributeError: '_OlmoHybridBlockBridge' object has no attribute 'attn'",
+    ('OlmoHybridForCausalLM', 'activation:z_all_pos'):
+        "KeyError: 'blocks.0.attn.hook_z'",
+    ('OlmoHybridForCausalLM', 'census'):
+        'TypeCheckError: Type-check error whilst checking the parameters of mechsink.measure.registry.CensusContext.__init__.',
+    ('OlmoHybridForCausalLM', 'logit_metric'):
+        "AttributeError: '_OlmoHybridBlockBridge' object has no attribute 'attn'",
+    ('OlmoHybridForCausalLM', 'start_at_layer'):
+        "AttributeError: '_OlmoHybridBlockBridge' object has no attribute 'attn'",
+    ('OpenAIGPTLMHeadModel', 'activation:attn_out'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('OpenAIGPTLMHeadModel', 'activation:mlp_out'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('OpenAIGPTLMHeadModel', 'activation:resid_pre'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('OpenAIGPTLMHeadModel', 'activation:z_all_pos'):
+        "RuntimeError: shape '[4, 10, 64]' is invalid for input of size 5120",
+    ('OpenAIGPTLMHeadModel', 'census'):
+        "AttributeError: 'NotApplicable' object has no attribute 'values'",
+    ('OpenAIGPTLMHeadModel', 'logit_metric'):
+        "RuntimeError: shape '[10, 10, 64]' is invalid for input of size 12800",
+    ('OpenAIGPTLMHeadModel', 'unembed'):
+        "KeyError: 'blocks.1.hook_resid_post'",
+    ('Qwen3NextForCausalLM', '*'):
+        'the tiny Qwen3NextForCausalLM could not be built: ValueError: `get_seq_length` can only be called on Attention layers, and the current Cache',
+    ('Qwen3_5ForCausalLM', '*'):
+        'the tiny Qwen3_5ForCausalLM could not be built: ValueError: `get_seq_length` can only be called on Attention layers, and the current Cache s',
+    ('Qwen3_5MoeForCausalLM', '*'):
+        'the tiny Qwen3_5MoeForCausalLM could not be built: ValueError: `get_seq_length` can only be called on Attention layers, and the current Cach',
+    ('RecurrentGemmaForCausalLM', '*'):
+        "the tiny RecurrentGemmaForCausalLM could not be built: AttributeError: property 'layers_block_type' of 'RecurrentGemmaConfig' object has no ",
+    ('RwkvForCausalLM', 'activation:attn_out'):
+        "KeyError: 'blocks.0.hook_attn_out'",
+    ('RwkvForCausalLM', 'activation:mlp_out'):
+        "KeyError: 'blocks.0.hook_mlp_out'",
+    ('RwkvForCausalLM', 'activation:resid_pre'):
+        "AttributeError: '_RwkvBlockBridge' object has no attribute 'attn'",
+    ('RwkvForCausalLM', 'activation:z_all_pos'):
+        "KeyError: 'blocks.0.attn.hook_z'",
+    ('RwkvForCausalLM', 'census'):
+        "BadInputError: this model exposes no attention output weights (W_O): No blocks resolve 'attn.W_O'. Use bridge.blocks_with('attn') to check a",
+    ('RwkvForCausalLM', 'logit_metric'):
+        "AttributeError: '_RwkvBlockBridge' object has no attribute 'attn'",
+    ('RwkvForCausalLM', 'start_at_layer'):
+        "AttributeError: '_RwkvBlockBridge' object has no attribute 'attn'",
+    ('VaultGemmaForCausalLM', '*'):
+        'RuntimeError: VaultGemmaArchitectureAdapter does not support compatibility mode: its stored-processed-weights path is known to diverge from ',
+    ('XGLMForCausalLM', 'activation:attn_out'):
+        'ValueError: Attention mask should be of size (20, 1, 10, 10), but is torch.Size([1, 1, 10, 10])',
+    ('XGLMForCausalLM', 'activation:mlp_out'):
+        'ValueError: Attention mask should be of size (20, 1, 10, 10), but is torch.Size([1, 1, 10, 10])',
+    ('XGLMForCausalLM', 'activation:resid_pre'):
+        'ValueError: Attention mask should be of size (20, 1, 10, 10), but is torch.Size([1, 1, 10, 10])',
+    ('XGLMForCausalLM', 'activation:z_all_pos'):
+        'ValueError: Attention mask should be of size (8, 1, 10, 10), but is torch.Size([1, 1, 10, 10])',
+    ('XGLMForCausalLM', 'logit_metric'):
+        'ValueError: Attention mask should be of size (20, 1, 10, 10), but is torch.Size([1, 1, 10, 10])',
+    ('YoutuForCausalLM', '*'):
+        'the tiny YoutuForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-singleton d',
+    ('Zamba2ForCausalLM', '*'):
+        "the tiny Zamba2ForCausalLM could not be built: TypeError: 'NoneType' object is not iterable",
+}
+
+
+def reason(arch: str, check: str) -> str | None:
+    """Why (arch, check) is expected to fail, or None when it must pass."""
+    return EXPECTED.get((arch, check)) or EXPECTED.get((arch, "*"))

@@ -1,0 +1,113 @@
+"""The README's support matrix, generated from the architecture suite.
+
+``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` runs
+``tests/architectures`` once with every xfail run as a normal test (``--runxfail``; or reads a
+JUnit report of such a run), takes each test's largest relative difference (its ``diff``
+property) and writes one Markdown row per architecture: the largest difference of each check,
+or the first line of why it fails, with the TransformerLens and transformers versions. With
+``--readme`` the table replaces the one between the README's ``support-matrix`` markers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import defaultdict
+from pathlib import Path
+
+COLUMNS = {
+    "logits_hf_folder": "logits (hf:)", "logits_wrap": "logits (wrap)",
+    "engine_unembed_equals_logits": "unembed", "run_from_layer_uses_the_residual":
+    "start_at_layer", "census_equals_hand_computation": "census",
+    "activation_patching_equals_transformer_lens": "activation",
+    "builtin_logit_metric_equals_plain_callable": "LogitDiff",
+}
+
+
+def run_suite(report: Path) -> None:
+    """Run the suite, xfails included as normal tests, writing a JUnit report."""
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                    "--runxfail", "--tb=no", "-o", "junit_family=legacy",
+                    f"--junitxml={report}",
+                    str(Path(__file__).parent)], check=False)
+
+
+def cells(report: Path) -> dict[str, dict[str, str]]:
+    """arch -> column -> cell (the largest difference, or the failure's first line)."""
+    table: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for case in ET.parse(report).iter("testcase"):
+        m = re.match(r"test_(\w+)\[(.*)\]", case.get("name", ""))
+        if not m or m.group(1) not in COLUMNS:
+            continue
+        arch = m.group(2).split("-")[-1]
+        props = {p.get("name"): p.get("value") for p in case.iter("property")}
+        failure = case.find("failure")
+        if failure is None:
+            failure = case.find("error")
+        if failure is not None:
+            text = (failure.get("message") or "failed").splitlines()[0]
+            text = re.sub(r"^(Failed: |mechsink\.errors\.|jaxtyping\.|AssertionError: assert )",
+                          "", text)
+            cell = f"✗ {text[:80]}".replace("|", "\\|")
+        else:
+            cell = f"{float(props.get('diff', 0.0)):.0e}"
+        table[arch][COLUMNS[m.group(1)]].append(cell)
+    out: dict[str, dict[str, str]] = {}
+    for arch, cols in table.items():
+        row = {}
+        for col, vals in cols.items():
+            bad = [v for v in vals if v.startswith("✗")]
+            row[col] = bad[0] if bad else max(vals, key=float)
+        out[arch] = row
+    return out
+
+
+def markdown(rows: dict[str, dict[str, str]]) -> str:
+    head = (f"Made with TransformerLens {md.version('transformer-lens')} and transformers "
+            f"{md.version('transformers')}: the largest difference from the reference, "
+            "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails.\n\n")
+    cols = list(COLUMNS.values())
+    lines = ["| architecture | " + " | ".join(cols) + " |",
+             "|---" * (len(cols) + 1) + "|"]
+    for arch in sorted(rows):
+        row = [rows[arch].get(c, "") for c in cols]
+        if len(set(row)) == 1 and row[0].startswith("✗"):  # one cause for every check
+            row = [row[0]] + ["✗ (same)"] * (len(cols) - 1)
+        lines.append(f"| {arch} | " + " | ".join(row) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+MARKERS = ("<!-- support-matrix -->\n", "<!-- /support-matrix -->")
+
+
+def into_readme(text: str) -> None:
+    """Replace the table between the README's markers."""
+    readme = README.read_text(encoding="utf-8")
+    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
+    README.write_text(readme[:start] + text + readme[end:], encoding="utf-8")
+
+
+def main(argv: list[str]) -> None:
+    junit = Path(argv[argv.index("--junit") + 1]) if "--junit" in argv else None
+    rest = [a for i, a in enumerate(argv) if a not in ("--junit", "--readme")
+            and (i == 0 or argv[i - 1] != "--junit")]
+    with tempfile.TemporaryDirectory() as tmp:
+        if junit is None:
+            junit = Path(tmp) / "suite.xml"
+            run_suite(junit)
+        text = markdown(cells(junit))
+    if "--readme" in argv:
+        into_readme(text)
+    elif rest:
+        Path(rest[0]).write_text(text, encoding="utf-8")
+    else:
+        print(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

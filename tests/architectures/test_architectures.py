@@ -1,0 +1,169 @@
+"""Every decoder-only architecture TransformerLens's bridge registers, as a tiny random-init
+model, against transformers' own outputs and TransformerLens's own patching functions.
+
+Known failures are strict xfails listed in :mod:`tests.architectures.expected`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.architectures import builder, expected
+
+pytestmark = pytest.mark.slow  # ~85 tiny models, 840 checks: about 4 minutes on 2 loaded cores
+
+ARCHS = builder.registered()
+TOL = 1e-4
+
+
+def cases(check: str) -> list:
+    out = []
+    for arch in ARCHS:
+        why = expected.reason(arch, check)
+        marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+        out.append(pytest.param(arch, marks=marks, id=arch))
+    return out
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max abs difference relative to the reference's largest magnitude (at least 1): logits
+    of tens agree to float32 rounding, ~1e-6 of their size."""
+    return ((a.double() - b.double()).abs().max() / b.abs().max().clamp_min(1.0)).item()
+
+
+@pytest.mark.parametrize("arch", cases("logits"))
+def test_logits_hf_folder(suite, arch, record_property):
+    m = suite.get(arch)
+    with torch.no_grad():
+        got = m.bridge(m.tokens)
+    record_property("diff", rel(got, m.logits))
+    assert rel(got, m.logits) <= TOL
+
+
+@pytest.mark.parametrize("arch", cases("wrap"))
+def test_logits_wrap(suite, arch, record_property):
+    import transformers
+
+    import mechsink
+
+    m = suite.get(arch)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(
+        str(m.folder), attn_implementation="eager")
+    wrapped = mechsink.wrap(plain)
+    with torch.no_grad():
+        got = wrapped(m.tokens)
+    record_property("diff", rel(got, m.logits))
+    assert rel(got, m.logits) <= TOL
+
+
+@pytest.mark.parametrize("arch", cases("unembed"))
+def test_engine_unembed_equals_logits(suite, arch, record_property):
+    """mechsink.model.unembed of the last block's output is the model's own logits (final
+    soft-cap and logit scale included)."""
+    from mechsink.model import act_name, unembed
+
+    m = suite.get(arch)
+    last = act_name("resid_post", int(m.bridge.cfg.n_layers) - 1)
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(m.tokens, names_filter=[last])
+        got = unembed(m.bridge, cache[last])
+    record_property("diff", rel(got, m.logits))
+    assert rel(got, m.logits) <= TOL
+
+
+@pytest.mark.parametrize("arch", cases("start_at_layer"))
+def test_run_from_layer_uses_the_residual(suite, arch, record_property):
+    """run_from_layer(resid_pre[1], 1) gives the logits, and a changed residual changes them."""
+    from mechsink.model import act_name, run_from_layer
+
+    m = suite.get(arch)
+    name = act_name("resid_pre", 1)
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(m.tokens, names_filter=[name])
+        resid = cache[name]
+        got = run_from_layer(m.bridge, resid.clone(), 1)
+        other = run_from_layer(m.bridge, resid.flip(0).clone(), 1)
+    record_property("diff", max(rel(got, m.logits), rel(other, m.logits.flip(0))))
+    assert rel(got, m.logits) <= TOL
+    assert rel(other, m.logits.flip(0)) <= TOL
+
+
+@pytest.mark.parametrize("arch", cases("census"))
+def test_census_equals_hand_computation(suite, arch, record_property):
+    """Sink scores from transformers' eager attentions; first-token norm ratios and the largest
+    residual magnitudes from its hidden states (blocks before the last: transformers' last
+    hidden state is after the final norm)."""
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.measure.census import census
+
+    m = suite.get(arch)
+    got = census(m.bridge, prompts=[PromptSet("custom", "given", m.tokens)], batch_size=2,
+                 progress=lambda *a: None)
+    run = got.runs[0]
+    want = torch.stack([a[:, :, :, 0].mean(-1) for a in m.attentions], 1)  # [b, layer, head]
+    hidden = torch.stack(m.hidden[1:-1], 1)  # [b, layer < L-1, pos, d]
+    norms = hidden.norm(dim=-1)
+    ratio = norms[..., 0] / norms[..., 1:].mean(-1)
+    top1 = hidden.abs().flatten(2).max(-1).values
+    diffs = [(run.sinks.gu - want).abs().max().item(),
+             rel(run.norm_ratio.values[:, :-1], ratio), rel(run.massive.top3[:, :-1, 0], top1)]
+    record_property("diff", max(diffs))
+    assert max(diffs) <= TOL
+    assert got.to_dict()["runs"][0]["sink_rate"] is not None
+
+
+def _logit_metric(logits: torch.Tensor) -> torch.Tensor:
+    return (logits[:, -1, 5] - logits[:, -1, 7]).mean()
+
+
+SITES = {"resid_pre": "get_act_patch_resid_pre", "attn_out": "get_act_patch_attn_out",
+         "mlp_out": "get_act_patch_mlp_out", "z_all_pos": "get_act_patch_attn_head_out_all_pos"}
+
+
+def _corrupted(tokens: torch.Tensor) -> torch.Tensor:
+    c = tokens.clone()
+    c[:, 1:3] = (c[:, 1:3] + 13) % 60
+    return c
+
+
+def site_cases() -> list:
+    out = []
+    for site in SITES:
+        for arch in ARCHS:
+            why = expected.reason(arch, f"activation:{site}")
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            out.append(pytest.param(arch, site, marks=marks, id=f"{site}-{arch}"))
+    return out
+
+
+@pytest.mark.parametrize(("arch", "site"), site_cases())
+def test_activation_patching_equals_transformer_lens(suite, arch, site, record_property):
+    """mechsink's batched engine against transformer_lens.patching (one forward per patch)."""
+    import transformer_lens.patching as tlp
+
+    from mechsink.patching import activation_patch
+
+    m = suite.get(arch)
+    clean, corrupted = m.tokens[:1], _corrupted(m.tokens[:1])
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(clean)
+        ref = getattr(tlp, SITES[site])(m.bridge, corrupted, cache, _logit_metric)
+    got = activation_patch(m.bridge, clean, corrupted, site, _logit_metric)
+    assert got.values.shape == ref.shape
+    record_property("diff", rel(got.values, ref))
+    assert rel(got.values, ref) <= TOL
+
+
+@pytest.mark.parametrize("arch", cases("logit_metric"))
+def test_builtin_logit_metric_equals_plain_callable(suite, arch, record_property):
+    """LogitDiff (the engine unembeds the read positions itself) equals the same difference of
+    the model's own logits, per patch."""
+    from mechsink.patching import LogitDiff, activation_patch
+
+    m = suite.get(arch)
+    clean, corrupted = m.tokens[:1], _corrupted(m.tokens[:1])
+    plain = activation_patch(m.bridge, clean, corrupted, "resid_pre", _logit_metric)
+    built = activation_patch(m.bridge, clean, corrupted, "resid_pre", LogitDiff(5, 7))
+    record_property("diff", rel(built.values, plain.values))
+    assert rel(built.values, plain.values) <= TOL
