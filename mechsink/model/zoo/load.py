@@ -18,6 +18,7 @@ from torch import nn
 
 from mechsink.errors import BadInputError, UnknownModelError
 from mechsink.model.adapter import wrap_hf
+from mechsink.model.finite import check_finite_weights
 from mechsink.model.zoo.cache import (
     conversion_problem,
     converted_dir,
@@ -74,6 +75,7 @@ def load_model(
     with torch.random.fork_rng(devices=[]), library_bars():
         hf_model, own = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype,
                                  own_tokenizer=tokenizer is None)
+        check_finite_weights(hf_model, label=name)  # before any measurement (one pass)
         hf_model.to(device=target, dtype=torch_dtype)
         return wrap_hf(hf_model, own if tokenizer is None else tokenizer, name=name,
                        fold_weights=fold_weights)
