@@ -53,7 +53,6 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
 
     Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
     results (default: the transformers config's ``name_or_path``, else the class name).
-    Weights holding ``inf`` or ``NaN`` are refused (:mod:`mechsink.model.finite`).
     """
     check_finite_weights(model)
     if is_bridge(model) or is_hooked_transformer(model):
