@@ -237,3 +237,91 @@ def test_a_new_entry_is_listed_named_and_loaded(fake):
     assert [r["description"] for r in zoo.list_models() if r["name"] == NAME] == ["a tiny fake"]
     with pytest.raises(UnknownModelError, match=NAME):
         load_model("fake-tiny-2")
+
+
+# --- leftovers of killed conversions (#29 item 6) --------------------------------------------
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _leftover(folder: Path, pid: int) -> tuple[Path, Path]:
+    """What a conversion killed mid-way leaves: its temporary folder, a temporary joined GGUF
+    and the lock file naming its (now dead) process, whose flock went with it."""
+    from mechsink.model.zoo.stale import lock_path
+
+    part = folder.parent / f".{NAME}.k1ll3d_x.part"
+    part.mkdir(parents=True)
+    (part / "model.safetensors").write_bytes(b"\0" * 3000)
+    joined = folder.parent.parent / "assets" / NAME / f".{NAME}.gguf.ab12cd34.part"
+    joined.parent.mkdir(parents=True)
+    joined.write_bytes(b"\0" * 500)
+    lock_path(NAME).write_text(json.dumps({"pid": pid}))
+    return part, joined
+
+
+def test_a_killed_conversions_leftovers_are_listed_then_removed_on_the_next_load(fake, capfd):
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+
+    builds, expected, folder = fake
+    _logits()
+    part, joined = _leftover(folder, _dead_pid())
+    other = folder.parent / ".fake-tiny-2.abcdefgh.part"  # another model's name: not ours
+    other.mkdir()
+    row = next(r for r in zoo.list_models() if r["name"] == NAME)
+    assert row["stale"] == [{"path": str(joined), "bytes": 500}, {"path": str(part), "bytes": 3000}]
+    listed = CliRunner().invoke(app, ["models", "--verify"])
+    assert listed.exit_code == 0, listed.output
+    assert "stale:" in listed.output and str(part) in "".join(listed.output.split())
+    capfd.readouterr()
+    torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+    assert not part.exists() and not joined.exists() and other.exists()
+    assert "removed 2 leftover(s) of a killed fake-tiny conversion" in capfd.readouterr().err
+    assert next(r for r in zoo.list_models() if r["name"] == NAME)["stale"] == []
+    assert len(builds) == 1 and folder.is_dir()  # the good conversion was kept
+
+
+def test_a_running_conversions_files_are_not_leftovers(fake):
+    import fcntl
+
+    from mechsink.model.zoo.stale import leftovers, lock_path
+
+    _, expected, folder = fake
+    _logits()
+    part, _ = _leftover(folder, os.getpid())
+    fd = os.open(lock_path(NAME), os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # a live converter holds the lock
+    try:
+        assert leftovers(NAME) == []
+        assert next(r for r in zoo.list_models() if r["name"] == NAME)["stale"] == []
+        torch.testing.assert_close(_logits(), expected, rtol=0, atol=1e-5)
+        assert part.is_dir()  # not touched while its conversion may still be writing
+    finally:
+        os.close(fd)
+    assert [left.path for left in leftovers(NAME)][-1] == part
+
+
+def test_a_conversion_holds_its_lock_and_a_second_waits(fake):
+    import threading
+
+    from mechsink.model.zoo.stale import conversion_lock, lock_is_held
+
+    builds, expected, folder = fake
+    order: list[str] = []
+    with conversion_lock(NAME):
+        assert lock_is_held(NAME)
+        worker = threading.Thread(target=lambda: order.append(str(_logits().shape)))
+        worker.start()
+        worker.join(timeout=1.0)
+        assert worker.is_alive() and not builds  # waiting for the lock, nothing built
+        order.append("released")
+    worker.join(timeout=60)
+    assert order[0] == "released" and len(builds) == 1 and not lock_is_held(NAME)

@@ -118,3 +118,70 @@ def test_bad_suite_arguments_are_clear_errors(gpt2_tiny, kwargs, match):
     suite, variant = args.pop("suite"), args.pop("variant")
     with pytest.raises(BadInputError, match=match):
         make_prompts(gpt2_tiny, suite, variant, **args)
+
+
+# --- text outside the vocabulary, and suites that are one token (#29 item 2) -----------------
+
+
+@pytest.fixture(scope="module")
+def organism():
+    from mechsink import load_model
+
+    return load_model("organism:bb-gpt2-tiny", device="cpu")
+
+
+def test_organism_refuses_english_naming_the_first_unknown_word(organism):
+    from mechsink.model import to_tokens
+    from mechsink.model.tokens import UnknownWordError
+
+    with pytest.raises(UnknownWordError, match=r"^'hello' is not in this model's vocabulary"):
+        to_tokens(organism, "t1 t2 hello world", prepend_bos=True)
+    with pytest.raises(UnknownWordError, match=r"'dog' \(text 1\)"):
+        to_tokens(organism, ["t1 t2 t3", "t4 dog t5"], prepend_bos=False)
+    with pytest.raises(UnknownWordError, match="'cat'"):  # the suites' path is checked too
+        prompts_from_texts(organism, ["t1 t2 t3 t4", "cat t1 t2 t3"], "bos", seq_len=3)
+    # its own words, and the literal BOS token, are fine
+    ids = to_tokens(organism, "t1 t2 <bos> t3", prepend_bos=True)
+    assert ids.tolist() == [[64, 1, 2, 64, 3]]
+
+
+def test_byte_level_tokenizers_keep_every_text(gpt2_tiny):
+    from mechsink.model import to_tokens
+
+    ids = to_tokens(gpt2_tiny, "zxqv <|endoftext|> ünïcödé", prepend_bos=False)
+    assert 50256 in ids.tolist()[0]  # the literal special token is not an unknown word
+
+
+def test_organism_natural_suite_is_its_own_task(organism):
+    from mechsink.inputs.tasks import BigramBackcopy, task_of_tokenizer
+
+    assert task_of_tokenizer(organism.tokenizer) == BigramBackcopy()
+    p = make_prompts(organism, "natural", "nobos", n=6, seq_len=16, seed=1)
+    body = p.tokens
+    assert body.shape == (6, 16) and int(body.max()) < 64  # no <bos> (64) in the body
+    assert len(set(body.flatten().tolist())) > 10  # not one token repeated
+    # the task's chains: after a trigger token the next token copies the one before it
+    triggers = set(BigramBackcopy().triggers.tolist())
+    pairs = [(r[t - 1], r[t + 1]) for r in body.tolist() for t in range(1, 15) if r[t] in triggers]
+    assert pairs and all(a == b for a, b in pairs)
+    bos = make_prompts(organism, "natural", "bos", n=6, seq_len=16, seed=1).tokens
+    assert (bos[:, 0] == 64).all() and torch.equal(bos[:, 1:], body[:, :-1])
+
+
+def test_task_of_tokenizer_is_none_for_real_tokenizers(gpt2_tiny):
+    from mechsink.inputs.tasks import task_of_tokenizer
+
+    assert task_of_tokenizer(gpt2_tiny.tokenizer) is None
+
+
+def test_a_suite_of_one_repeated_token_is_refused(gpt2_tiny, monkeypatch):
+    from mechsink.inputs import corpus
+
+    with pytest.raises(BadInputError, match=r"every token of the custom suite is id \d+ \(' a'\)"):
+        prompts_from_texts(gpt2_tiny, [" a" * 20, " a" * 30], "bos", seq_len=8)
+    docs = [corpus.Document("news", f"d{i}", " a" * 200) for i in range(8)]
+    monkeypatch.setattr(corpus, "natural_documents", lambda: docs)
+    with pytest.raises(BadInputError, match="every token of the natural suite"):
+        make_prompts(gpt2_tiny, "natural", "bos", n=4, seq_len=8)
+    rep = make_prompts(gpt2_tiny, "repeated", "nobos", n=2, seq_len=8)  # by design: allowed
+    assert len(set(rep.tokens[0].tolist())) == 1

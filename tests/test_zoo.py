@@ -277,3 +277,48 @@ def test_saving_prints_no_library_bars_off_a_terminal(capfd, tmp_path):
     err = capfd.readouterr().err
     assert (tmp_path / "copy").is_dir()
     assert "Writing model shards" not in err and "it/s" not in err
+
+
+# --- organism weights that do not fit its config (#29 item 12) -------------------------------
+
+
+def _organism_copy(tmp_path):
+    import shutil
+
+    from mechsink.model.zoo import organism_folder
+
+    folder = tmp_path / "org"
+    shutil.copytree(organism_folder("bb-gpt2-tiny"), folder)
+    return folder
+
+
+def test_organism_weights_of_another_shape_are_one_line(tmp_path):
+    folder = _organism_copy(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["n_inner"] = 128  # the weights hold 4 * 64 = 256 MLP neurons
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(MechsinkError, match=r"tensor transformer\.h\.0\.mlp\.c_fc\.weight has "
+                       r"shape \[64, 256\], the config expects \[64, 128\]") as err:
+        load_model(f"organism:{folder}", device="cpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(MechsinkError, match=r"c_fc\.weight has shape \[64, 256\]"):
+        load_model(f"hf:{folder}", device="cpu")  # a plain folder is checked the same way
+
+
+def test_organism_missing_a_weight_is_one_line(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = _organism_copy(tmp_path)
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["transformer.h.1.ln_2.bias"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(MechsinkError, match=r"no tensor transformer\.h\.1\.ln_2\.bias \(expected "
+                       r"shape \[64\]; 1 missing"):
+        load_model(f"organism:{folder}", device="cpu")
+
+
+def test_organism_with_a_damaged_weights_file_is_one_line(tmp_path):
+    folder = _organism_copy(tmp_path)
+    (folder / "model.safetensors").write_bytes(b"not safetensors at all")
+    with pytest.raises(MechsinkError, match="cannot be read as safetensors"):
+        load_model(f"organism:{folder}", device="cpu")

@@ -85,7 +85,8 @@ def models(
                                 "(exit status 1 when one is damaged)"),
 ) -> None:
     """List the zoo: names, architecture, parameter count and whether the weights are cached
-    (a damaged conversion is not: it is rebuilt from its verified source on its next load)."""
+    (a damaged conversion is not: it is rebuilt from its verified source on its next load),
+    and the leftovers of killed conversions (removed on that model's next load)."""
     from mechsink.model.zoo import PATTERN_HELP, list_models
 
     table = Table(title="mechsink model zoo")
@@ -101,6 +102,10 @@ def models(
     for pattern, what in PATTERN_HELP:
         table.add_row(pattern, "", "", "", what)
     console.print(table)
+    for row in rows:
+        for left in row["stale"]:
+            console.print(f"stale: {left['path']} ({left['bytes'] / 1e6:.0f} MB), left by a killed "
+                          f"{row['name']} conversion; removed on its next load", markup=False)
     damaged = [r["name"] for r in rows if r["problem"]]
     if verify:
         console.print(f"damaged conversions: {', '.join(damaged)}" if damaged

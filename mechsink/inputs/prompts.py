@@ -10,9 +10,12 @@ Every suite draws one *body* of T ordinary tokens per sequence from its seed; ``
 whole body, ``bos`` and ``randfirst`` put their first token in front of its first T-1 tokens.
 So the variants of one suite differ only in what sits at position 0 (and, for ``nobos``, a
 shift by one). Bodies: ``natural`` tokenises news articles and Wikipedia paragraphs from their
-start (see :mod:`mechsink.inputs.corpus`); ``random`` draws T ordinary tokens uniformly;
+start (see :mod:`mechsink.inputs.corpus`), or, for an organism trained on Bigram-Backcopy (whose
+vocabulary holds no English word), draws sequences of its own task
+(:func:`mechsink.inputs.tasks.task_of_tokenizer`); ``random`` draws T ordinary tokens uniformly;
 ``repeated`` draws one ordinary token and repeats it. "Ordinary" excludes every special or added
-token.
+token. Text is tokenised by :func:`mechsink.model.tokens.encode` only (a word outside the
+vocabulary is an error), and a natural or custom suite whose tokens are all one id is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.model import bos_token_id, check_seq_len, tokenizer_of
+from mechsink.model.tokens import encode
 
 SUITES = ("natural", "random", "repeated")
 VARIANTS = ("bos", "nobos", "randfirst")
@@ -134,16 +138,22 @@ def _draw(ids: Tensor, shape: tuple[int, ...], gen: torch.Generator) -> Tensor:
 
 
 def _natural_bodies(model: Any, n: int, seq_len: int, seed: int) -> Tensor:
-    """``n`` texts of at least ``seq_len`` tokens, each tokenised from its document's start."""
+    """``n`` texts of at least ``seq_len`` tokens, each tokenised from its document's start (an
+    organism's own task text instead, when its tokenizer is a task's)."""
     from mechsink.inputs.corpus import natural_documents
+    from mechsink.inputs.tasks import task_of_tokenizer
 
-    docs = natural_documents()
     tok = tokenizer_of(model)
+    task = task_of_tokenizer(tok)
+    if task is not None:  # the task's chains, BOS column dropped (the variant decides pos 0)
+        step = zlib.crc32(b"natural")  # a step no training run reaches: held-out sequences
+        return task.batch(seed, step, n, seq_len + 1)[:, 1:].clone()
+    docs = natural_documents()
     order = torch.randperm(len(docs), generator=_generator(seed, "natural", "order")).tolist()
     rows: list[list[int]] = []
     for i in order:
         text = docs[i].text
-        ids = tok(text[: 16 * seq_len], add_special_tokens=False)["input_ids"]
+        ids = encode(tok, text[: 16 * seq_len])
         if len(ids) >= seq_len:
             rows.append(ids[:seq_len])
             if len(rows) == n:
@@ -154,6 +164,20 @@ def _natural_bodies(model: Any, n: int, seq_len: int, seed: int) -> Tensor:
             f"ask for n <= {len(rows)} or a shorter seq_len."
         )
     return torch.tensor(rows, dtype=torch.long)
+
+
+def check_not_constant(model: Any, body: Tensor, suite: str) -> None:
+    """Refuse a ``natural`` or custom suite whose tokens are all one id (a tokenizer that maps
+    every word to one token would otherwise give the measurements a fake input)."""
+    if suite == "repeated" or body.numel() < 2 or bool((body != body.flatten()[0]).any()):
+        return
+    token = int(body.flatten()[0])
+    tok = getattr(model, "tokenizer", None)
+    shown = f" ({tok.decode([token])!r})" if tok is not None else ""
+    raise BadInputError(
+        f"every token of the {suite} suite is id {token}{shown}: the texts do not tokenise into "
+        "this model's vocabulary; give texts in the model's own words, or use the random suite."
+    )
 
 
 def _bodies(model: Any, suite: str, n: int, seq_len: int, seed: int) -> Tensor:
@@ -216,6 +240,7 @@ def make_prompts(
     check_suite_args([suite], [variant], n, seq_len)
     check_seq_len(model, seq_len)
     body = _bodies(model, suite, n, seq_len, seed)
+    check_not_constant(model, body, suite)
     tokens = with_first_token(model, body, variant, suite=suite, seed=seed)
     return PromptSet(suite, variant, tokens.to(_device(model)), seed)
 
@@ -231,7 +256,7 @@ def prompts_from_texts(
     tok = tokenizer_of(model)
     rows = []
     for i, t in enumerate(texts):
-        ids = tok(t, add_special_tokens=False)["input_ids"]
+        ids = encode(tok, t, index=i)
         if len(ids) < seq_len:
             raise BadInputError(
                 f"text {i} gives {len(ids)} tokens, fewer than seq_len={seq_len}: give longer "
@@ -239,6 +264,7 @@ def prompts_from_texts(
             )
         rows.append(ids[:seq_len])
     body = torch.tensor(rows, dtype=torch.long)
+    check_not_constant(model, body, "custom")
     tokens = with_first_token(model, body, variant, suite="custom", seed=seed)
     return PromptSet("custom", variant, tokens.to(_device(model)), seed)
 

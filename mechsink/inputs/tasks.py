@@ -92,6 +92,21 @@ class BigramBackcopy:
                                        eos_token="<bos>", unk_token="<bos>")
 
 
+def task_of_tokenizer(tok: Any) -> BigramBackcopy | None:
+    """The Bigram-Backcopy task whose word-level tokenizer ``tok`` is ("t0" ... "t{V-1}" and
+    "<bos>" = V, what :meth:`BigramBackcopy.tokenizer` writes), or None for any other tokenizer.
+
+    An organism trained on it knows no English: its input suites are drawn from this task.
+    """
+    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
+    size = len(vocab) - 1
+    if size < 2 or vocab.get("<bos>") != size:
+        return None
+    if any(vocab.get(f"t{i}") != i for i in range(size)):
+        return None
+    return BigramBackcopy(vocab=size)
+
+
 @dataclass(frozen=True)
 class TextStream:
     """Windows of real English tokenised with GPT-2's BPE, each preceded by BOS (50256)."""

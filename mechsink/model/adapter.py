@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
+from mechsink.model.finite import check_finite_weights
 from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
 from mechsink.model.patches.offline import offline
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
@@ -53,6 +54,7 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
     Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
     results (default: the transformers config's ``name_or_path``, else the class name).
     """
+    check_finite_weights(model)
     if is_bridge(model) or is_hooked_transformer(model):
         if tokenizer is not None and getattr(model, "tokenizer", None) is None:
             if is_hooked_transformer(model):

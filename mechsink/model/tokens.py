@@ -1,7 +1,9 @@
 """Tokens with an explicit BOS choice, checked against the model's vocabulary and context.
 
 The sink at position 0 depends on what stands there, so mechsink never lets a tokenizer's own
-default decide: :func:`to_tokens` asks ``prepend_bos`` every time.
+default decide: :func:`to_tokens` asks ``prepend_bos`` every time. Every text mechsink
+tokenises goes through :func:`encode`, which refuses a word the tokenizer can only map to its
+unknown token (an organism's word-level tokenizer turns every English word into ``<bos>``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,49 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
+
+
+class UnknownWordError(BadInputError):
+    """Text holds a word outside the tokenizer's vocabulary (it would become the unknown token)."""
+
+
+def _unknown_spans(tok: Any, text: str, ids: list[int], unk: int) -> list[str]:
+    """The pieces of ``text`` the tokenizer mapped to ``unk`` (a literal unknown-token string
+    written in the text is not one of them)."""
+    if getattr(tok, "is_fast", False):
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)[
+            "offset_mapping"]
+        spans = [text[a:b] for i, (a, b) in zip(ids, offsets, strict=True) if i == unk]
+    else:  # a slow tokenizer: find the words that encode to the unknown token
+        spans = [w for w in text.split()
+                 if unk in tok(w, add_special_tokens=False)["input_ids"]]
+    return [s for s in spans if s.strip() != str(tok.unk_token)]
+
+
+def _vocab_example(tok: Any, k: int = 5) -> str:
+    special = set(tok.all_special_tokens)
+    words = [w for w, _ in sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
+             if w not in special][:k]
+    return " ".join(words)
+
+
+def encode(tok: Any, text: str, *, index: int | None = None) -> list[int]:
+    """Token ids of ``text`` without special tokens; raises :class:`UnknownWordError` (one
+    line naming the first unknown word) when the tokenizer would map part of it to its unknown
+    token. ``index`` says which of several texts this is, for the message."""
+    ids = list(tok(text, add_special_tokens=False)["input_ids"])
+    unk = getattr(tok, "unk_token_id", None)
+    if unk is None or unk not in ids:
+        return ids
+    unknown = _unknown_spans(tok, text, ids, unk)
+    if not unknown:
+        return ids
+    which = f" (text {index})" if index is not None else ""
+    raise UnknownWordError(
+        f"{unknown[0]!r}{which} is not in this model's vocabulary: its tokenizer would turn it "
+        f"into {tok.unk_token!r}, its unknown token. Use the model's own words "
+        f"(e.g. {_vocab_example(tok)!r}) or pass token ids."
+    )
 
 
 def tokenizer_of(model: Any) -> Any:
@@ -39,9 +84,10 @@ def to_tokens(
 ) -> Int[Tensor, "batch pos"]:
     """Tokenise text with an explicit BOS choice (the tokenizer's own default is ignored).
 
-    Each text is encoded without special tokens, then the tokenizer's BOS token is put in
-    front when ``prepend_bos``. With ``seq_len`` every row is cut to that length (a text that
-    is too short is an error); without it, all texts must give the same number of tokens.
+    Each text is encoded without special tokens (:func:`encode`: a word outside the vocabulary
+    is an error), then the tokenizer's BOS token is put in front when ``prepend_bos``. With
+    ``seq_len`` every row is cut to that length (a text that is too short is an error); without
+    it, all texts must give the same number of tokens.
     """
     texts = [text] if isinstance(text, str) else list(text)
     if not texts:
@@ -53,8 +99,8 @@ def to_tokens(
             "prepend_bos=True but this tokenizer has no BOS token; use prepend_bos=False."
         )
     rows = []
-    for t in texts:
-        ids = tok(t, add_special_tokens=False)["input_ids"]
+    for i, t in enumerate(texts):
+        ids = encode(tok, t, index=i if len(texts) > 1 else None)
         if prepend_bos:
             ids = [bos, *ids]
         rows.append(ids)

@@ -31,15 +31,18 @@ def check_tokenizer_files(folder: Path) -> None:
     )
 
 
-def from_folder(folder: Path, dtype: torch.dtype,
-                own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
+def from_folder(folder: Path, dtype: torch.dtype, own_tokenizer: bool = True, *,
+                strict: bool = False) -> tuple[nn.Module, Any]:
     """The (transformers model, tokenizer) in ``folder`` (the tokenizer None when
-    ``own_tokenizer=False``: the caller brings one)."""
+    ``own_tokenizer=False``: the caller brings one). Weights that do not fit the config are
+    refused first (:func:`check_weights_fit`; ``strict`` also refuses missing ones)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     if own_tokenizer and isinstance(folder, Path):
         check_tokenizer_files(folder)
     config = AutoConfig.from_pretrained(str(folder))
+    if isinstance(folder, Path):
+        check_weights_fit(folder, config, strict=strict)
     if variants_of(config):
         model = _with_variants_from_folder(folder, config, dtype)
     else:
@@ -55,6 +58,46 @@ def from_folder(folder: Path, dtype: torch.dtype,
             "tokenizer. Save the real one there, or pass it: "
             "mechsink.load_model(..., tokenizer=tok).")
     return model.eval(), tokenizer
+
+
+def check_weights_fit(folder: Path, config: Any, *, strict: bool = False) -> None:
+    """Refuse, in one line and before loading, a ``model.safetensors`` whose tensors do not fit
+    ``config``: a tensor whose shape differs from the one the config builds (named, with both
+    shapes) and, with ``strict`` (organisms, written by mechsink under the model's own names),
+    a weight the file lacks (a tied ``lm_head`` may be absent). Only the file's header is read;
+    the model is built on the meta device. A folder without that file is left to transformers.
+    """
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path = folder / "model.safetensors"
+    if not path.is_file():
+        return
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as exc:  # not a safetensors file at all
+        raise MechsinkError(f"{path} cannot be read as safetensors ({str(exc).splitlines()[0]}):"
+                            " the file is damaged; write the model again.") from exc
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager")
+        apply_variants(model, variants_of(config))
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    for key, shape in expected.items():
+        if key in found and found[key] != shape:
+            raise MechsinkError(
+                f"{path} does not match {folder / 'config.json'}: tensor {key} has shape "
+                f"{list(found[key])}, the config expects {list(shape)}; the weights and the "
+                "config come from different models (write the folder again, or fix config.json)."
+            )
+    params = {k for k, _ in model.named_parameters(remove_duplicate=False)}
+    missing = sorted(k for k in params - set(found) if not k.endswith("lm_head.weight"))
+    if strict and missing:
+        raise MechsinkError(
+            f"{path} does not match {folder / 'config.json'}: it has no tensor {missing[0]} "
+            f"(expected shape {list(expected[missing[0]])}; {len(missing)} missing in all); the "
+            "weights and the config come from different models (write the folder again)."
+        )
 
 
 def _with_variants_from_folder(folder: Path, config: Any, dtype: torch.dtype) -> nn.Module:

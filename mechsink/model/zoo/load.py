@@ -18,6 +18,7 @@ from torch import nn
 
 from mechsink.errors import BadInputError, UnknownModelError
 from mechsink.model.adapter import wrap_hf
+from mechsink.model.finite import check_finite_weights
 from mechsink.model.zoo.cache import (
     conversion_problem,
     converted_dir,
@@ -30,6 +31,7 @@ from mechsink.model.zoo.entry import ZooEntry
 from mechsink.model.zoo.folders import from_folder, from_hub_or_folder
 from mechsink.model.zoo.organisms import check_organism, load_organism_hf, organism_folder
 from mechsink.model.zoo.random_init import FAMILIES, random_config, random_hf_model, random_names
+from mechsink.model.zoo.stale import conversion_lock, remove_leftovers
 from mechsink.progress import library_bars
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ def load_model(
     with torch.random.fork_rng(devices=[]), library_bars():
         hf_model, own = _load_hf(name, seed=0 if seed is None else seed, dtype=torch_dtype,
                                  own_tokenizer=tokenizer is None)
+        check_finite_weights(hf_model, label=name)  # before any measurement (one pass)
         hf_model.to(device=target, dtype=torch_dtype)
         return wrap_hf(hf_model, own if tokenizer is None else tokenizer, name=name,
                        fold_weights=fold_weights)
@@ -136,15 +139,21 @@ def context_of(name: str) -> int | None:
     return int(n) if n else None
 
 
-def _convert(entry: ZooEntry) -> None:
-    """Build ``entry``'s converted folder (replacing a broken one)."""
-    write_conversion(converted_dir(entry.name), entry.build,
-                      {"kind": "converted", "name": entry.name})
+def _convert(entry: ZooEntry, *, unless_whole: bool = True) -> None:
+    """Build ``entry``'s converted folder (replacing a broken one), holding the model's
+    conversion lock: a second process waits, then finds the folder whole (``unless_whole``)
+    and converts nothing."""
+    folder = converted_dir(entry.name)
+    with conversion_lock(entry.name):
+        if unless_whole and conversion_problem(folder) is None:
+            return
+        write_conversion(folder, entry.build, {"kind": "converted", "name": entry.name})
 
 
 def _load_converted(entry: ZooEntry, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     """Load a converted model, checking it first; rebuild it when it is damaged or missing."""
     folder = converted_dir(entry.name)
+    remove_leftovers(entry.name)  # what killed conversions left (their lock is free)
     problem = conversion_problem(folder)
     if problem is not None:
         if folder.exists():
@@ -157,7 +166,7 @@ def _load_converted(entry: ZooEntry, dtype: torch.dtype) -> tuple[nn.Module, Any
         if problem is None:
             raise  # the files are the ones written: not a cache problem
     say_rebuild(folder, problem)
-    _convert(entry)
+    _convert(entry, unless_whole=False)
     return from_folder(folder, dtype)
 
 

@@ -95,7 +95,7 @@ def load_organism_hf(folder: Path, dtype: torch.dtype = torch.float32) -> tuple[
     except (OSError, ValueError) as exc:
         raise MechsinkError(f"{folder / 'config.json'} cannot be read as a transformers config "
                             f"({str(exc).splitlines()[0]}): write the organism again.") from exc
-    return from_folder(folder, dtype)
+    return from_folder(folder, dtype, strict=True)  # weights that misfit: one line, no traceback
 
 
 def organism_recipe(model_name: str) -> str | None:
