@@ -10,8 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from mechsink import settings
 from mechsink.errors import MechsinkError
-from mechsink.measure.sinks import DEFAULT_EPS
+from mechsink.settings import DEFAULT_EPS
 
 app = typer.Typer(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
@@ -44,26 +45,10 @@ def parse_layers(text: str | None, option: str) -> tuple[int, ...] | None:
     return values
 
 
-def check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise MechsinkError(f"--batch-size must be a positive integer, got {batch_size}.")
-
-
-def check_context(model: str, seq_len: int, option: str) -> None:
-    """``seq_len`` against the model's context, read from its config (unknown names fail
-    here too); a model whose config needs the weights is checked again once loaded."""
-    from mechsink.model.zoo import context_of
-
-    n_ctx = context_of(model)
-    if n_ctx is not None and seq_len > n_ctx:
-        raise MechsinkError(f"{option} {seq_len} is longer than the model's context ({model}: "
-                            f"{n_ctx} tokens): use a shorter sequence.")
-
-
-def _check_device(device: str | None) -> None:
-    from mechsink.model.zoo import resolve_device
-
-    resolve_device(device)
+# the one validation of mechsink.settings, under the names the commands use
+check_batch_size = settings.check_batch_size
+check_context = settings.check_context
+_check_device = settings.check_device
 
 
 @contextlib.contextmanager
