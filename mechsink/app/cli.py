@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import typing
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import typer
@@ -62,6 +63,25 @@ def _locked(folder: Path) -> typing.Iterator[None]:
         except MechsinkError as exc:
             fail(exc)
         yield
+
+
+@contextlib.contextmanager
+def _result_set(folder: Path) -> Iterator[Path]:
+    """Write a command's result files into a staging folder swapped into ``folder`` whole
+    (:func:`mechsink.io.result_set`); a failure, a kill or a full disk leaves the previous
+    result untouched, and a mechsink error (a full disk included) is one line."""
+    from mechsink.io import result_set
+
+    try:
+        with result_set(folder) as staging:
+            yield staging
+    except MechsinkError as exc:  # raised in the block, or by the swap (a full disk)
+        fail(exc)
+
+
+def _final(staging: Path, folder: Path, paths: Iterable[Path]) -> list[Path]:
+    """Where files written under ``staging`` lie once the result set is swapped in."""
+    return [folder / Path(p).relative_to(staging) for p in paths]
 
 
 @app.command()
@@ -148,17 +168,21 @@ def scan(
     writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from mechsink.inputs.prompts import SUITES, VARIANTS, check_suite_args
-    from mechsink.io import check_writable
-    from mechsink.measure.census import census, check_census_args, check_out_dir, summary_rows
-    from mechsink.measure.census import write_census as write_json
-    from mechsink.measure.sinks import check_eps
+    from mechsink.inputs.prompts import SUITES, VARIANTS
+    from mechsink.io import atomic_write_json, check_writable
+    from mechsink.measure.census import (
+        CENSUS_FILE,
+        census,
+        check_census_args,
+        check_out_dir,
+        summary_rows,
+    )
     from mechsink.model.zoo import load_model
 
     suites, variants = list(suite or SUITES), list(variant or VARIANTS)
     try:  # every check that needs no model, before loading one
-        check_suite_args(suites, variants, n, seq_len)
-        check_eps(eps)
+        settings.check_suites(suites, variants, n, seq_len)
+        settings.check_eps(eps)
         check_batch_size(batch_size)
         check_context(model, seq_len, "--seq-len")
         _check_device(device)
@@ -186,13 +210,15 @@ def scan(
             result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
                             batch_size=batch_size, model_name=model, progress=progress)
             data = result.to_dict()
-            path = write_json(result, folder)
-        written = [path]
-        if report:
-            from mechsink.viz import write_report
+        with _result_set(folder) as staging:
+            # strict JSON: a non-finite value is null with a reason beside it (mechsink.io)
+            written = [atomic_write_json(staging / CENSUS_FILE, data, sort_keys=True)]
+            if report:
+                from mechsink.viz import write_report
 
-            with console.status("writing figures and pages"):
-                written += write_report(data, folder)
+                with console.status("writing figures and pages"):
+                    written += write_report(data, staging)
+            written = _final(staging, folder, written)
     table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
     table.add_column("input", no_wrap=True)
     for col in ("sink rate (Gu / i>0)", "massive: token med. | layer med. (channels, layers)",
@@ -259,15 +285,12 @@ def patch(
     from mechsink.model import to_tokens as _to_tokens
     from mechsink.model.zoo import load_model
     from mechsink.patching import activation_patch, parse_metric, parse_site
-    from mechsink.viz.patching import heatmap
 
     try:  # every check that needs no model, before loading one
         chosen = parse_layers(layers, "--layers")
         the_site = parse_site(site, layers=chosen)
-        if metric.strip() != "logit_diff":  # bare logit_diff needs the model's predictions
-            parse_metric(metric, None)
-        if direction not in ("denoise", "noise"):
-            raise MechsinkError(f"--direction must be denoise or noise, got {direction!r}.")
+        settings.check_metric(metric)  # bare logit_diff needs the model's predictions
+        settings.check_direction(direction)
         _check_device(device)
         check_context(model, 1, "--clean")  # the name, before the model loads
         folder = check_writable(out)
@@ -287,11 +310,15 @@ def patch(
         except MechsinkError as exc:
             fail(exc)
         result.meta["model"] = model
-        json_path = result.to_json(folder / "patch.json")
-        fig = heatmap(result)
-        fig.savefig(folder / "patch.png", dpi=120)
+        from mechsink.viz.patching import heatmap
+        from mechsink.viz.style import save
+
+        with _result_set(folder) as staging:  # the JSON and the figure, whole or not at all
+            result.to_json(staging / "patch.json")
+            save(heatmap(result), staging / "patch.png")  # atomic, house resolution
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
-                  f"{result.corrupted_value:.4g}; wrote {json_path} and {folder / 'patch.png'}")
+                  f"{result.corrupted_value:.4g}; wrote {folder / 'patch.json'} and "
+                  f"{folder / 'patch.png'}")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
