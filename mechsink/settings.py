@@ -69,8 +69,10 @@ def check_eps(eps: Any, option: str = "--eps") -> None:
     (:func:`mechsink.measure.sinks.check_eps`, its message after ``option``)."""
     from mechsink.measure.sinks import check_eps as in_range
 
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        raise BadInputError(f"{option} must be a number strictly between 0 and 1, got {eps!r}.")
     try:
-        in_range(eps)
+        in_range(float(eps))
     except BadInputError as exc:
         raise BadInputError(f"{option}: {exc}") from None
 
