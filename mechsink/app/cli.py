@@ -321,43 +321,102 @@ def patch(
                   f"{folder / 'patch.png'}")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _settings_help(name: str) -> str:
+    """The settings of experiment ``name`` (from its ``run()`` signature and docstring), as
+    ``mechsink circuit NAME --help`` lists them."""
+    import inspect
+
+    from mechsink.experiments import get_experiment, setting_type
+    from mechsink.experiments.script import setting_help
+
+    experiment = get_experiment(name)
+    head = (f"mechsink circuit {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
+            f"(default {experiment.default_model}); --seed and --device as for the other "
+            "commands." if experiment.needs_model else
+            f"mechsink circuit {name} --out DIR [SETTINGS]\n\n{name} takes no model (it "
+            "trains its own organisms under --out).")
+    lines = [head, "", "settings (from its run()):"]
+    for key, param in experiment.settings().items():
+        if key in ("model_name", "work_dir"):
+            continue
+        kind, is_list = setting_type(param)
+        shape = f"{kind.__name__.upper()}{' ...' if is_list else ''}"
+        if param.default is inspect.Parameter.empty:
+            default = "required"
+        elif is_list:
+            default = "default: " + " ".join(map(str, param.default))
+        else:
+            default = f"default: {param.default}"
+        text = setting_help(experiment.run, key)
+        lines.append(f"  --{key.replace('_', '-')} {shape}  ({default})" + (f"  {text}" if text
+                                                                           else ""))
+    return "\n".join(lines)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
 @typing.no_type_check  # typer hands in its base Context class, not the annotated subclass
 def circuit(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="experiment, e.g. structural_origin or p0_sink"),
-    model: str | None = typer.Argument(None, help="zoo name, for experiments that take a model"),
-    out: str = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
+    name: str | None = typer.Argument(None, help="experiment, e.g. structural_origin or p0_sink"),
+    out: str | None = typer.Option(None, "--out", help="folder for result.json, figures, "
+                                   "summary.md (required)"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    show_help: bool = typer.Option(False, "--help", "-h", help="show this message; with NAME, "
+                                   "the experiment's settings"),
 ) -> None:
-    """Run an experiment of mechsink.experiments by name; further --options are its settings
-    (e.g. --n 8 --seq-len 32), as the script of the same name in circuits/ takes them."""
+    """Run an experiment of mechsink.experiments by name: `mechsink circuit NAME [MODEL] --out
+    DIR --setting VALUE ...`. MODEL (a zoo name) only for experiments that take one; further
+    --options are its settings (e.g. --n 8 --seq-len 32), as the script of the same name in
+    circuits/ takes them; `mechsink circuit NAME --help` lists them. Every setting is checked
+    before any model loads."""
     from mechsink.experiments import EXPERIMENTS, get_experiment
     from mechsink.io import check_writable, folder_lock
 
     try:
+        if name is None or show_help:
+            if name is None and not show_help:
+                raise MechsinkError("give the experiment's name: one of "
+                                    f"{', '.join(EXPERIMENTS)}.")
+            console.print(ctx.get_help() if name is None else _settings_help(name),
+                          markup=False, highlight=False)
+            return
         experiment = get_experiment(name)
-        settings = experiment.parse_settings(ctx.args)
-        if not experiment.needs_model and model is not None:
-            raise MechsinkError(f"{name} takes no model (it trains its own); experiments that "
-                                "take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
-                                                         if e.needs_model))
+        args = list(ctx.args)
+        model: str | None = None
+        if args and not args[0].startswith("--"):  # a model, before the settings
+            model = args.pop(0)
+            if not experiment.needs_model:
+                raise MechsinkError(
+                    f"{name} takes no model (it trains its own), got {model!r}; experiments "
+                    "that take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
+                                                  if e.needs_model))
+        the_settings = experiment.parse_settings(args)
+        if out is None:
+            raise MechsinkError(f"{name} needs --out DIR: the folder for its result.")
+        model_name = model or experiment.default_model
+        settings.check_experiment_settings(name, the_settings, model=model_name)
+        if experiment.needs_model:
+            _check_device(device)
         folder = check_writable(out)  # before the work, not after it ('' is an error)
         with folder_lock(folder):
             if experiment.needs_model:
                 from mechsink.model.zoo import load_model
 
-                with console.status(f"loading {model or experiment.default_model}"):
-                    the_model = load_model(model or experiment.default_model, device=device,
-                                           seed=seed)
-                result = experiment.run(the_model, model_name=model or experiment.default_model,
-                                        **settings)
+                with console.status(f"loading {model_name}"):
+                    the_model = load_model(model_name, device=device, seed=seed)
+                seq_len = the_settings.get("seq_len", experiment.settings().get("seq_len"))
+                if seq_len is not None:  # a model whose config needed its weights
+                    from mechsink.model import check_seq_len
+
+                    check_seq_len(the_model, getattr(seq_len, "default", seq_len))
+                result = experiment.run(the_model, model_name=model_name, **the_settings)
             else:
                 if "work_dir" in experiment.settings():
-                    settings.setdefault("work_dir", folder)
-                result = experiment.run(**settings)
-            result.save(folder)
+                    the_settings.setdefault("work_dir", folder)
+                result = experiment.run(**the_settings)
+            result.save(folder)  # one result set; the summary is drawn before any write
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)
