@@ -33,6 +33,7 @@ __all__ = [
     "check_positive",
     "check_site",
     "check_suites",
+    "check_text",
     "model_config",
 ]
 
@@ -140,6 +141,18 @@ def check_pairs(pairs: Sequence[Any], where: str = "prompt pairs") -> None:
     for i, pair in enumerate(pairs, 1):
         if len(pair) != 2 or not all(isinstance(p, str) and p.strip() for p in pair):
             raise BadInputError(f"{where}: pair {i} must be two non-empty prompts, got {pair!r}.")
+        for prompt in pair:
+            check_text(prompt, f"{where}: pair {i}")
+
+
+def check_text(text: str, option: str) -> None:
+    """Text from the command line or a file is UTF-8: a byte that is not (Python keeps it as a
+    lone surrogate, which a tokenizer cannot take) is one line naming ``option``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BadInputError(f"{option} holds a byte that is not UTF-8 (character "
+                            f"{exc.start + 1}): give the text as UTF-8.") from None
 
 
 def _option(key: str) -> str:

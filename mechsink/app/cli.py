@@ -130,6 +130,7 @@ def info(
     from mechsink.model.zoo import load_model
 
     try:
+        settings.check_text(prompt, "--prompt")
         _check_device(device)  # before the model loads
         with console.status(f"loading {model}"):
             bridge = load_model(model, device=device, dtype=dtype, seed=seed)
@@ -289,6 +290,8 @@ def patch(
     try:  # every check that needs no model, before loading one
         chosen = parse_layers(layers, "--layers")
         the_site = parse_site(site, layers=chosen)
+        settings.check_text(clean, "--clean")
+        settings.check_text(corrupted, "--corrupted")
         settings.check_metric(metric)  # bare logit_diff needs the model's predictions
         settings.check_direction(direction)
         _check_device(device)
