@@ -23,6 +23,21 @@ app = typer.Typer(
 console = Console()
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    """A warning as the command line shows it: one line, its kind, no line of source code."""
+    text = " ".join(str(message).split())
+    return f"warning: {text} ({category.__name__})\n"
+
+
+@app.callback()
+def _main() -> None:
+    """Show warnings in one line each, without the source line Python prints under them."""
+    import warnings
+
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
+
+
 def fail(exc: MechsinkError) -> None:
     """Print a mechsink error as one readable message and exit with status 2."""
     Console(stderr=True).print(f"[bold red]error:[/] {exc}")
