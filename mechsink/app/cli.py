@@ -68,7 +68,7 @@ _check_device = settings.check_device
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> typing.Iterator[None]:
+def _locked(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s advisory lock (one writer per folder); a held lock is a clean error."""
     from mechsink.io import folder_lock
 
