@@ -10,7 +10,11 @@ mechsink) are timed one by one, and the load is split into the transformers mode
 TransformerLens bridge (``wrap_hf``: building the bridge, compatibility mode, hook registry);
 each phase is exclusive of the others, and whatever is left is "other".
 
-    python benchmarks/load.py [--model smollm2-135m] [--repeats 3] [--warm-only]
+Start-up (``--startup``, printed first): the wall time of ``mechsink --help`` and ``mechsink
+models`` in a fresh process each (the command line's entry point, as the console script runs
+it), and of a bare ``import mechsink``; the goal is under 1.5 s on a quiet machine.
+
+    python benchmarks/load.py [--model smollm2-135m] [--repeats 3] [--warm-only] [--startup-only]
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 CHILD = r"""
@@ -76,12 +81,48 @@ def run_child(model: str, cache: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+STARTUP = {  # what is timed -> the Python code a fresh process runs
+    "import mechsink": "import mechsink",
+    "mechsink --help": "import sys; sys.argv = ['mechsink', '--help']\n"
+                       "from mechsink.app.cli import app\napp()",
+    "mechsink models": "import sys; sys.argv = ['mechsink', 'models']\n"
+                       "from mechsink.app.cli import app\napp()",
+}
+
+
+def time_startup(code: str) -> float:
+    """Wall seconds of a fresh ``python -c code`` (its output discarded; it must succeed)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def startup(repeats: int) -> None:
+    """Print the start-up table: median and min wall seconds per command, fresh processes."""
+    print(f"start-up, {repeats} runs each, fresh process per run (load average "
+          f"{os.getloadavg()[0]:.1f})")
+    print("| command | median s | min s |")
+    print("|---------|----------|-------|")
+    for label, code in STARTUP.items():
+        times = [time_startup(code) for _ in range(repeats)]
+        print(f"| {label} | {statistics.median(times):.2f} | {min(times):.2f} |")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warm-only", action="store_true", help="skip the cold loads")
+    parser.add_argument("--startup-only", action="store_true",
+                        help="time only the start-up of the command line")
     args = parser.parse_args()
+
+    startup(args.repeats)
+    if args.startup_only:
+        return
 
     from mechsink.model import assets
 

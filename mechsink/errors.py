@@ -29,3 +29,23 @@ class MissingDependencyError(MechsinkError, ImportError):
 class MechsinkWarning(UserWarning):
     """Base class: every warning mechsink gives on purpose derives from this (the test suite
     turns them into errors, so a test that expects one says so)."""
+
+
+def warn(message: str, category: type[Warning] = MechsinkWarning) -> None:
+    """``warnings.warn`` attributed to the first caller outside mechsink, so the warning names
+    the user's line (a script's, a notebook cell's) and not a line of mechsink's source."""
+    import os
+    import sys
+    import warnings
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+    def ours(filename: str) -> bool:  # mechsink, or the type checkers' wrappers around it
+        return (os.path.abspath(filename).startswith(here) or filename.startswith("<@beartype")
+                or f"{os.sep}jaxtyping{os.sep}" in filename)
+
+    level, frame = 2, sys._getframe(1)  # 2: the caller of this function
+    while frame is not None and ours(frame.f_code.co_filename):
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import shlex
 import shutil
@@ -36,10 +37,13 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "atomic_write_json",
+    "json_text",
+    "finite_json",
     "give_default_permissions",
     "MANIFEST",
     "DiskFullError",
     "IncompleteResultError",
+    "full_disk_is_one_line",
     "result_set",
     "check_result_set",
 ]
@@ -83,11 +87,69 @@ def atomic_write_text(target: str | Path, text: str) -> Path:
     return atomic_write_bytes(target, text.encode("utf-8"))
 
 
+REASON_SUFFIX = "_reason"  # the field beside a value that held non-finite numbers
+
+
+def _plain(value: Any) -> Any:
+    """JSON's fallback for what it cannot write: numpy and torch scalars and arrays as their
+    Python values (``tolist``), paths and the rest as their text."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _nonfinite(x: float) -> str:
+    return "NaN" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def finite_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN, inf, -inf) replaced by ``None``; a dict key
+    whose value held any gets a field ``KEY_reason`` beside it saying what was there (e.g.
+    ``"not finite: 2 NaN, 1 inf (written as null)"``), so a reader never takes a lost number
+    for ``0.0`` and the JSON stays strict (no ``NaN`` literals). (A bare list at the top level
+    has no key: its nulls stand alone.) A reason field the data already has is kept."""
+
+    def walk(obj: Any, seen: dict[str, int]) -> Any:
+        if isinstance(obj, float):
+            if math.isfinite(obj):
+                return obj
+            kind = _nonfinite(obj)
+            seen[kind] = seen.get(kind, 0) + 1
+            return None
+        if isinstance(obj, dict):
+            out: dict[Any, Any] = {}
+            for key, value in obj.items():
+                mine: dict[str, int] = {}
+                out[key] = walk(value, mine)
+                if mine:
+                    for kind, count in mine.items():
+                        seen[kind] = seen.get(kind, 0) + count
+                    reason = f"{key}{REASON_SUFFIX}"
+                    if reason not in obj and not isinstance(value, dict):  # a dict says so inside
+                        out[reason] = "not finite: " + ", ".join(
+                            f"{c} {k}" for k, c in sorted(mine.items())) + " (written as null)"
+            return out
+        if isinstance(obj, (list, tuple)):
+            return [walk(v, seen) for v in obj]
+        if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+            return walk(obj.tolist(), seen)
+        return obj
+
+    return walk(data, {})
+
+
+def json_text(data: Any, *, indent: int | None = 1, sort_keys: bool = False) -> str:
+    """``data`` as strict JSON text with a final newline: non-finite numbers are ``null`` with a
+    reason beside them (:func:`finite_json`), never a ``NaN`` literal (``allow_nan=False``)."""
+    return json.dumps(finite_json(data), indent=indent, sort_keys=sort_keys, default=_plain,
+                      allow_nan=False) + "\n"
+
+
 def atomic_write_json(target: str | Path, data: Any, *, indent: int = 1,
                       sort_keys: bool = False) -> Path:
-    """``data`` as JSON (with a final newline), written atomically."""
-    text = json.dumps(data, indent=indent, sort_keys=sort_keys, default=str) + "\n"
-    return atomic_write_text(target, text)
+    """``data`` as strict JSON (:func:`json_text`: non-finite numbers are ``null`` with a reason
+    beside them), written atomically."""
+    return atomic_write_text(target, json_text(data, indent=indent, sort_keys=sort_keys))
 
 
 @contextmanager
@@ -269,6 +331,23 @@ class DiskFullError(MechsinkError, OSError):
     """The disk (or quota) filled up while a result was written; the previous result stands."""
 
 
+@contextmanager
+def full_disk_is_one_line(folder: str | Path, *, kept: str = "the previous result there is "
+                          "untouched") -> Iterator[None]:
+    """Turn a full disk or quota (``OSError`` ENOSPC / EDQUOT) raised in the block into a
+    :class:`DiskFullError`: one line naming ``folder`` and what was ``kept``, no traceback."""
+    try:
+        yield
+    except DiskFullError:
+        raise
+    except OSError as exc:
+        if exc.errno in _FULL:
+            raise DiskFullError(
+                f"the disk is full ({exc.strerror or 'no space left'}) while writing into "
+                f"{folder}: free some space and run the command again; {kept}.") from None
+        raise
+
+
 class IncompleteResultError(MechsinkError):
     """A result folder whose files do not match its manifest (a write was cut short)."""
 
@@ -317,7 +396,7 @@ def result_set(folder: str | Path, *, command: str | None = None) -> Iterator[Pa
     _remove_dead_staging(folder)
     staging = Path(tempfile.mkdtemp(prefix=f"{_STAGING}{os.getpid()}-", dir=folder))
     try:
-        try:
+        with full_disk_is_one_line(folder):
             yield staging
             new = [p.relative_to(staging) for p in _files_below(staging)]
             entries = {str(r): {"bytes": (staging / r).stat().st_size,
@@ -326,13 +405,6 @@ def result_set(folder: str | Path, *, command: str | None = None) -> Iterator[Pa
                         "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "files": entries}
             # probe the space the manifest needs before the old set is touched
             atomic_write_json(staging / MANIFEST, manifest)
-        except OSError as exc:
-            if exc.errno in _FULL:
-                raise DiskFullError(
-                    f"the disk is full ({exc.strerror}) while writing the result into {folder}: "
-                    "free some space and run the command again; the previous result there is "
-                    "untouched.") from None
-            raise
         old = _read_manifest(folder)
         (folder / MANIFEST).unlink(missing_ok=True)  # from here until the end: incomplete
         for top in sorted({r.parts[0] for r in new}):

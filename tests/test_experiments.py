@@ -110,3 +110,69 @@ def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None
     p0 = parser_for(get_experiment("p0_sink"), "d").parse_args(
         ["--out", "o", "--doses", "0", "0.5", "1", "--layers", "3"])
     assert p0.doses == [0.0, 0.5, 1.0] and p0.layers == 3
+
+
+# --- `mechsink circuit`: settings listed, given without a model, checked first (#29 11, 13) --
+
+
+@pytest.fixture()
+def no_load(monkeypatch):
+    """Fail the test if a command loads a model (bad input must stop before that)."""
+    from mechsink.model import zoo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr(zoo, "load_model", refuse)
+
+
+def test_circuit_name_help_lists_the_experiments_settings(no_load) -> None:
+    runner = CliRunner()
+    shown = runner.invoke(app, ["circuit", "structural_origin", "--help"])
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    for option in get_experiment("structural_origin").settings():
+        if option != "model_name":
+            assert "--" + option.replace("_", "-") in text, option
+    assert "--positions INT ... (default: 8 16 32) positions k the sink is moved to" in text
+    timeline = " ".join(runner.invoke(app, ["circuit", "sink_timeline", "--help"]).output.split())
+    assert "--run-dir STR (required)" in timeline and "takes no model" in timeline
+
+
+def test_circuit_settings_without_a_model_reach_the_experiment(tmp_path: Path) -> None:
+    from mechsink.io import check_result_set
+    from mechsink.training.loop import train
+
+    run = train("bb-llama-tiny", tmp_path / "run", steps=2, progress=False)
+    out = tmp_path / "timeline"
+    result = CliRunner().invoke(app, ["circuit", "sink_timeline", "--run-dir", str(run),
+                                      "--n", "2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "timeline.json").read_text())
+    assert saved["experiment"] == "sink_timeline" and saved["run"] == str(run)
+    assert [p["step"] for p in saved["points"]] == json.loads(
+        (run / "run.json").read_text())["checkpoints"]
+    assert set(check_result_set(out, full=True)["files"]) == {"timeline.json", "timeline.png",
+                                                              "summary.md"}
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["structural_origin", "random:llama-tiny", "--n", "-4"], ["--n must be at least 1"]),
+    (["structural_origin", "random:llama-tiny", "--seq-len", "5000"],
+     ["--seq-len 5000 is longer than the model's context", "256 tokens"]),
+    (["gpt2_query_bias", "--top", "999"], ["--top 999 is more than the model's 8 heads"]),
+    (["sink_timeline", "--n", "4"], ["sink_timeline needs --run-dir"]),
+    (["structural_origin", "random:llama-tiny", "--n", "4", "--seq-len", "32"],
+     ["--positions (default: 8 16 32) has 32 outside the sequence", "--seq-len 32"]),
+    (["seedprint", "--steps", "-1"], ["seedprint --steps must be at least 1"]),
+    (["p0_sink", "random:llama-tiny", "--batch-size", "0"], ["--batch-size must be at least 1"]),
+])
+def test_circuit_settings_are_checked_before_any_model_loads(tmp_path, no_load, args, needles):
+    out = tmp_path / "o"
+    result = CliRunner().invoke(app, ["circuit", *args, "--out", str(out)])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("error:") and "Traceback" not in text, text
+    for needle in needles:
+        assert needle in text, text
+    assert not out.exists()  # nothing written, no folder made

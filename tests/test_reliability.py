@@ -359,3 +359,42 @@ def test_damaged_token_cache_is_rebuilt(tmp_path, monkeypatch, capfd):
     expected = [i for d in docs for i in tok(d.text)["input_ids"] + [50256]]
     assert "damaged" in capfd.readouterr().err
     assert rebuilt.tolist() == expected and np.load(path).tolist() == expected
+
+
+# --- messages (#29 item 18): warnings in one line, attributed outside mechsink ---------------
+
+
+def test_the_cli_shows_a_warning_in_one_line_without_mechsinks_source(tmp_path):
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv[0] = 'mechsink'\nfrom mechsink.app.cli import app\napp()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "patch", "random:gpt2-tiny", "--clean",
+         "The cat sat on the mat", "--corrupted", "The dog sat on the mat", "--metric", "kl",
+         "--device", "cpu", "--out", str(tmp_path / "p")],
+        capture_output=True, text=True, timeout=300, env={**__import__("os").environ,
+                                                          "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr
+    lines = [ln for ln in done.stderr.splitlines() if ln.strip()]
+    assert [ln for ln in lines if ln.startswith("warning: the metric 'kl_to_clean'")], lines
+    assert not [ln for ln in lines if "warnings.warn" in ln or "mechsink/" in ln], lines
+
+
+def test_errors_warn_names_the_first_line_outside_mechsink():
+    from mechsink.errors import MechsinkWarning, warn
+
+    with pytest.warns(MechsinkWarning, match="from a user") as seen:
+        warn("from a user")
+    assert seen[0].filename == __file__
+
+
+def test_scan_with_n_1_gives_no_numpy_warning(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = _invoke(["scan", "random:gpt2-tiny", "--out", str(tmp_path), "--n", "1",
+                          "--seq-len", "8", "--no-report"])
+    assert result.exit_code == 0, result.output
+    assert [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)] == []

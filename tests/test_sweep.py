@@ -42,9 +42,11 @@ seed = 5
 
 
 def merged_files(out: Path) -> dict[str, bytes]:
-    """Every merged file (not the shards, not the summary with its timings)."""
+    """Every merged file (not the shards, not the summary with its timings, not the result
+    sets' manifests with the time they were written)."""
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
-            if p.is_file() and p.parts[len(out.parts)] not in ("shards", "summary.json")}
+            if p.is_file() and p.parts[len(out.parts)] not in ("shards", "summary.json")
+            and p.name != "manifest.json"}
 
 
 @pytest.fixture(scope="module")
@@ -227,10 +229,145 @@ def test_experiment_job_saves_what_the_experiment_gives_when_called_directly(tmp
         'positions = [4, 8]\n')
     summary = run_sweep(tmp_path / "spec.toml", tmp_path / "out")
     assert summary["failed"] == 0
-    saved = json.loads((tmp_path / "out" / "experiment" / "random_gpt2-tiny" / "result.json")
-                       .read_text())
+    (entry,) = json.loads((tmp_path / "out" / "experiment" / "experiments.json").read_text()
+                          )["results"]
+    folder = tmp_path / "out" / "experiment" / entry["folder"]
+    saved = json.loads((folder / "result.json").read_text())
     direct = get_experiment("structural_origin").run(
         load_model("random:gpt2-tiny", device="cpu"), model_name="random:gpt2-tiny", n=2,
         seq_len=16, positions=[4, 8]).data
     assert saved == {"experiment": "structural_origin", **json.loads(json.dumps(direct))}
-    assert (tmp_path / "out" / "experiment" / "random_gpt2-tiny" / "summary.md").is_file()
+    assert (folder / "summary.md").is_file()
+
+
+def test_merged_job_folders_are_whole_result_sets(local_run):
+    from mechsink.io import check_result_set
+
+    out, _ = local_run
+    for job in ("census", "timeline"):
+        files = set(check_result_set(out / job, full=True)["files"])
+        assert f"{job}.json" in files and f"{job}.csv" in files
+
+
+# --- sweep outputs keyed by the shard's digest; entries normalised (#29 items 3, 17) ----------
+
+
+def _organism(sweep_dir: Path, folder: Path) -> Path:
+    """A copy of the sweep's trained organism (step 2 of ``run``) at ``folder``."""
+    shutil.copytree(sweep_dir / "run" / "step-2", folder)
+    return folder
+
+
+def test_models_whose_labels_slug_alike_get_distinct_experiment_folders(sweep_dir, tmp_path,
+                                                                        monkeypatch):
+    from mechsink.app import sweep
+    from mechsink.experiments import ExperimentResult
+
+    one = _organism(sweep_dir, tmp_path / "a b")
+    shutil.copytree(one, tmp_path / "a_b")
+    (tmp_path / "spec.toml").write_text(
+        'models = ["organism:a b", "organism:a_b"]\njobs = ["experiment"]\n[experiment]\n'
+        'name = "gpt2_query_bias"\n[experiment.settings]\nn = 2\ntop = 1\n')
+    spec = load_spec(tmp_path / "spec.toml")
+    shards = sweep.make_shards(spec)
+    out = tmp_path / "out"
+    (out / "shards").mkdir(parents=True)
+    for k, shard in enumerate(shards):  # finished shards, as a run would leave them
+        (out / "shards" / f"{shard['id']}.json").write_text(json.dumps(
+            {"shard": shard, "run": {}, "result": {"model": shard["model"]["label"], "k": k}}))
+    monkeypatch.setattr(ExperimentResult, "summary", lambda self: f"{self.data['model']}\n")
+    monkeypatch.setattr(ExperimentResult, "figure", lambda self, path: None)
+    sweep.merge(spec, shards, out)
+    index = json.loads((out / "experiment" / "experiments.json").read_text())["results"]
+    folders = [e["folder"] for e in index]
+    assert len(set(folders)) == 2, folders  # the old slug gave "a_b" for both
+    for entry in index:
+        saved = json.loads((out / "experiment" / entry["folder"] / "result.json").read_text())
+        assert saved["model"] == entry["model"]
+
+
+@pytest.mark.parametrize("second", ["../org/", "{abs}", "../org/./"])
+def test_one_model_spelled_twice_is_a_duplicate(sweep_dir, tmp_path, second):
+    _organism(sweep_dir, tmp_path / "org")
+    (tmp_path / "specs").mkdir()
+    other = second.format(abs=tmp_path / "org")
+    (tmp_path / "specs" / "spec.toml").write_text(
+        f'models = ["organism:../org", "organism:{other}"]\njobs = ["census"]\n')
+    with pytest.raises(BadInputError, match="listed twice"):
+        load_spec(tmp_path / "specs" / "spec.toml")
+
+
+def test_one_training_run_spelled_twice_is_a_duplicate(sweep_dir, tmp_path):
+    spec = sweep_dir / "dup.toml"
+    spec.write_text(f'training_runs = ["run", "run/", "{sweep_dir / "run"}"]\n'
+                    'jobs = ["timeline"]\n')
+    with pytest.raises(BadInputError, match="listed twice"):
+        load_spec(spec)
+
+
+# --- non-UTF-8 input, every value checked before any work (#29 items 10, 16, 18) -------------
+
+
+def test_non_utf8_bytes_in_a_spec_or_a_pairs_file_are_one_line(tmp_path):
+    spec = tmp_path / "spec.toml"
+    spec.write_bytes(b'models = ["random:gpt2-tiny"]\njobs = ["census"]\n# caf\xe9\n')
+    with pytest.raises(BadInputError, match=r"line 3: byte 0xe9 is not UTF-8"):
+        load_spec(spec)
+    (tmp_path / "pairs.jsonl").write_bytes(b'{"clean": "a\xff", "corrupted": "b"}\n')
+    spec.write_text('models = ["random:gpt2-tiny"]\njobs = ["patch"]\n[patch]\n'
+                    'pairs = "pairs.jsonl"\n')
+    with pytest.raises(BadInputError, match=r"pairs.jsonl, line 1: byte 0xff is not UTF-8"):
+        load_spec(spec)
+
+
+_GOOD = 'models = ["random:gpt2-tiny"]\n'
+
+
+@pytest.mark.parametrize("body, line, words", [
+    ('jobs = ["census"]\n[census]\nn = 0\n', 4, "n must be a positive integer, got 0"),
+    ('jobs = ["census"]\n[census]\nsuites = ["natural", "poems"]\n', 4, "unknown suite 'poems'"),
+    ('jobs = ["census"]\n[census]\neps = 5\n', 4, "eps must lie strictly between 0 and 1"),
+    ('jobs = ["census"]\n[census]\nseq_len = 100000\n', 4, "longer than the model's context"),
+    ('jobs = ["census"]\n[census]\nbatch_size = 0\n', 4, "batch_size must be a positive"),
+    ('jobs = ["timeline"]\n[timeline]\nn = -2\n', 4, "n must be a positive integer"),
+    ('jobs = ["patch"]\n[patch]\npairs = "p.jsonl"\nsite = "nowhere"\n', 5, "nowhere"),
+    ('jobs = ["patch"]\n[patch]\npairs = "p.jsonl"\nmetric = "accuracy"\n', 5, "accuracy"),
+    ('jobs = ["patch"]\n[patch]\npairs = "p.jsonl"\ndirection = "up"\n', 5,
+     "direction must be denoise or noise"),
+    ('jobs = ["patch"]\n[patch]\npairs = "empty.jsonl"\n', 4, "holds no prompt pairs"),
+    ('jobs = ["experiment"]\n[experiment]\nname = "structural_origin"\n'
+     '[experiment.settings]\nn = -4\n', 6, "structural_origin --n must be at least 1"),
+    ('jobs = ["experiment"]\n[experiment]\nname = "structural_origin"\n'
+     '[experiment.settings]\nseq_len = 16\n', 6, "--positions"),
+])
+def test_every_spec_value_is_checked_before_any_model_loads(tmp_path, monkeypatch, body, line,
+                                                             words):
+    from mechsink.model import zoo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the spec was checked")
+
+    monkeypatch.setattr(zoo, "load_model", refuse)
+    (tmp_path / "p.jsonl").write_text('{"clean": "The cat", "corrupted": "The dog"}\n')
+    (tmp_path / "empty.jsonl").write_text("\n")
+    (tmp_path / "spec.toml").write_text(_GOOD + body)
+    with pytest.raises(BadInputError, match=f"line {line}:.*{words}"):
+        run_sweep(tmp_path / "spec.toml", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only torch")
+def test_a_sweep_on_cuda_without_cuda_is_refused_by_line(tmp_path):
+    (tmp_path / "spec.toml").write_text(_GOOD + 'jobs = ["census"]\ndevice = "cuda"\n')
+    with pytest.raises(BadInputError, match="line 3:.*no CUDA"):  # device = "cuda" is line 3
+        load_spec(tmp_path / "spec.toml")
+
+
+def test_a_missing_organism_names_the_path_relative_to_the_spec(tmp_path):
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "spec.toml").write_text('models = ["organism:../org9"]\n'
+                                                  'jobs = ["census"]\n')
+    with pytest.raises(BadInputError) as info:
+        load_spec(tmp_path / "specs" / "spec.toml")
+    assert str(tmp_path / "specs" / ".." / "org9") in str(info.value)
+    assert "bundled" in str(info.value)

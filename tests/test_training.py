@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -226,3 +227,73 @@ def test_task_of_reads_the_organisms_recipe():
     assert training.task_of("organism:bb-gpt2-tiny") == BigramBackcopy()
     assert training.task_of("random:gpt2-tiny") is None
     assert not hasattr(Recipe("x", "gpt2", 1, 8, 1, "text"), "extra")
+
+
+# --- a train killed during its first checkpoint can be resumed or restarted (#29 item 14) ----
+
+
+def _killed_in_first_checkpoint(out, monkeypatch):
+    """Run TINY into ``out`` and kill it while step 0's optimizer state is written."""
+    real = training.atomic_write_bytes
+
+    def killed(target, data):
+        if str(target).endswith("step-0.optimizer.pt"):
+            raise KeyboardInterrupt
+        return real(target, data)
+
+    monkeypatch.setattr(training, "atomic_write_bytes", killed)
+    with pytest.raises(KeyboardInterrupt):
+        train(TINY, out, seed=3, progress=False)
+    monkeypatch.setattr(training, "atomic_write_bytes", real)
+    assert (out / "step-0").is_dir() and not (out / "step-0.optimizer.pt").exists()
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resume", "restart"])
+def test_a_run_killed_in_its_first_checkpoint_resumes_or_restarts(tmp_path, monkeypatch,
+                                                                  resume):
+    whole = train(TINY, tmp_path / "whole", seed=3, progress=False)
+    out = tmp_path / "killed"
+    _killed_in_first_checkpoint(out, monkeypatch)
+    train(TINY, out, seed=3, resume=resume, progress=False)
+    run_w, run_k = (json.loads((p / "run.json").read_text()) for p in (whole, out))
+    assert run_k["losses"] == run_w["losses"] and run_k["checkpoints"] == run_w["checkpoints"]
+    for key, value in _weights(whole / "step-6").items():
+        assert torch.equal(value, _weights(out / "step-6")[key]), key
+
+
+@pytest.mark.parametrize("resume", [True, False], ids=["resume", "restart"])
+def test_a_first_checkpoint_without_run_json_is_started_afresh(tmp_path, resume):
+    """What a run killed during its first checkpoint left before run.json came first."""
+    whole = train(TINY, tmp_path / "whole", seed=3, progress=False)
+    out = tmp_path / "old-kill"
+    out.mkdir()
+    shutil.copytree(whole / "step-0", out / "step-0")
+    shutil.copy(whole / "step-0.optimizer.pt", out / "step-0.optimizer.pt")
+    (out / ".step-1.x1.part").mkdir()
+    train(TINY, out, seed=3, resume=resume, progress=False)
+    assert json.loads((out / "run.json").read_text())["losses"] == json.loads(
+        (whole / "run.json").read_text())["losses"]
+
+
+def test_a_full_disk_during_training_is_one_line_and_the_checkpoints_stand(tmp_path,
+                                                                          monkeypatch):
+    import errno
+
+    from mechsink.io import DiskFullError
+
+    out = tmp_path / "run"
+    real = training.atomic_write_bytes
+
+    def full(target, data):
+        if str(target).endswith("step-2.optimizer.pt"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(target, data)
+
+    monkeypatch.setattr(training, "atomic_write_bytes", full)
+    with pytest.raises(DiskFullError) as info:
+        train(TINY, out, seed=0, progress=False)
+    assert "\n" not in str(info.value) and "--resume" in str(info.value)
+    assert json.loads((out / "run.json").read_text())["checkpoints"] == [0, 1]
+    monkeypatch.setattr(training, "atomic_write_bytes", real)
+    train(TINY, out, seed=0, resume=True, progress=False)
+    assert json.loads((out / "run.json").read_text())["checkpoints"] == [0, 1, 2, 4, 6]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import typing
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from mechsink import settings
 from mechsink.errors import MechsinkError
-from mechsink.measure.sinks import DEFAULT_EPS
+from mechsink.settings import DEFAULT_EPS
 
 app = typer.Typer(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
@@ -19,6 +21,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, line: str | None = None) -> str:
+    """A warning as the command line shows it: one line, its kind, no line of source code."""
+    text = " ".join(str(message).split())
+    return f"warning: {text} ({category.__name__})\n"
+
+
+@app.callback()
+def _main() -> None:
+    """Show warnings in one line each, without the source line Python prints under them."""
+    import warnings
+
+    warnings.formatwarning = _one_line_warning  # type: ignore[assignment]
 
 
 def fail(exc: MechsinkError) -> None:
@@ -44,30 +61,14 @@ def parse_layers(text: str | None, option: str) -> tuple[int, ...] | None:
     return values
 
 
-def check_batch_size(batch_size: int) -> None:
-    if batch_size < 1:
-        raise MechsinkError(f"--batch-size must be a positive integer, got {batch_size}.")
-
-
-def check_context(model: str, seq_len: int, option: str) -> None:
-    """``seq_len`` against the model's context, read from its config (unknown names fail
-    here too); a model whose config needs the weights is checked again once loaded."""
-    from mechsink.model.zoo import context_of
-
-    n_ctx = context_of(model)
-    if n_ctx is not None and seq_len > n_ctx:
-        raise MechsinkError(f"{option} {seq_len} is longer than the model's context ({model}: "
-                            f"{n_ctx} tokens): use a shorter sequence.")
-
-
-def _check_device(device: str | None) -> None:
-    from mechsink.model.zoo import resolve_device
-
-    resolve_device(device)
+# the one validation of mechsink.settings, under the names the commands use
+check_batch_size = settings.check_batch_size
+check_context = settings.check_context
+_check_device = settings.check_device
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> typing.Iterator[None]:
+def _locked(folder: Path) -> Iterator[None]:
     """Hold ``folder``'s advisory lock (one writer per folder); a held lock is a clean error."""
     from mechsink.io import folder_lock
 
@@ -77,6 +78,25 @@ def _locked(folder: Path) -> typing.Iterator[None]:
         except MechsinkError as exc:
             fail(exc)
         yield
+
+
+@contextlib.contextmanager
+def _result_set(folder: Path) -> Iterator[Path]:
+    """Write a command's result files into a staging folder swapped into ``folder`` whole
+    (:func:`mechsink.io.result_set`); a failure, a kill or a full disk leaves the previous
+    result untouched, and a mechsink error (a full disk included) is one line."""
+    from mechsink.io import result_set
+
+    try:
+        with result_set(folder) as staging:
+            yield staging
+    except MechsinkError as exc:  # raised in the block, or by the swap (a full disk)
+        fail(exc)
+
+
+def _final(staging: Path, folder: Path, paths: Iterable[Path]) -> list[Path]:
+    """Where files written under ``staging`` lie once the result set is swapped in."""
+    return [folder / Path(p).relative_to(staging) for p in paths]
 
 
 @app.command()
@@ -130,6 +150,7 @@ def info(
     from mechsink.model.zoo import load_model
 
     try:
+        settings.check_text(prompt, "--prompt")
         _check_device(device)  # before the model loads
         with console.status(f"loading {model}"):
             bridge = load_model(model, device=device, dtype=dtype, seed=seed)
@@ -168,17 +189,21 @@ def scan(
     writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from mechsink.inputs.prompts import SUITES, VARIANTS, check_suite_args
-    from mechsink.io import check_writable
-    from mechsink.measure.census import census, check_census_args, check_out_dir, summary_rows
-    from mechsink.measure.census import write_census as write_json
-    from mechsink.measure.sinks import check_eps
+    from mechsink.inputs.prompts import SUITES, VARIANTS
+    from mechsink.io import atomic_write_json, check_writable
+    from mechsink.measure.census import (
+        CENSUS_FILE,
+        census,
+        check_census_args,
+        check_out_dir,
+        summary_rows,
+    )
     from mechsink.model.zoo import load_model
 
     suites, variants = list(suite or SUITES), list(variant or VARIANTS)
     try:  # every check that needs no model, before loading one
-        check_suite_args(suites, variants, n, seq_len)
-        check_eps(eps)
+        settings.check_suites(suites, variants, n, seq_len)
+        settings.check_eps(eps)
         check_batch_size(batch_size)
         check_context(model, seq_len, "--seq-len")
         _check_device(device)
@@ -206,13 +231,15 @@ def scan(
             result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
                             batch_size=batch_size, model_name=model, progress=progress)
             data = result.to_dict()
-            path = write_json(result, folder)
-        written = [path]
-        if report:
-            from mechsink.viz import write_report
+        with _result_set(folder) as staging:
+            # strict JSON: a non-finite value is null with a reason beside it (mechsink.io)
+            written = [atomic_write_json(staging / CENSUS_FILE, data, sort_keys=True)]
+            if report:
+                from mechsink.viz import write_report
 
-            with console.status("writing figures and pages"):
-                written += write_report(data, folder)
+                with console.status("writing figures and pages"):
+                    written += write_report(data, staging)
+            written = _final(staging, folder, written)
     table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
     table.add_column("input", no_wrap=True)
     for col in ("sink rate (Gu / i>0)", "massive: token med. | layer med. (channels, layers)",
@@ -279,15 +306,14 @@ def patch(
     from mechsink.model import to_tokens as _to_tokens
     from mechsink.model.zoo import load_model
     from mechsink.patching import activation_patch, parse_metric, parse_site
-    from mechsink.viz.patching import heatmap
 
     try:  # every check that needs no model, before loading one
         chosen = parse_layers(layers, "--layers")
         the_site = parse_site(site, layers=chosen)
-        if metric.strip() != "logit_diff":  # bare logit_diff needs the model's predictions
-            parse_metric(metric, None)
-        if direction not in ("denoise", "noise"):
-            raise MechsinkError(f"--direction must be denoise or noise, got {direction!r}.")
+        settings.check_text(clean, "--clean")
+        settings.check_text(corrupted, "--corrupted")
+        settings.check_metric(metric)  # bare logit_diff needs the model's predictions
+        settings.check_direction(direction)
         _check_device(device)
         check_context(model, 1, "--clean")  # the name, before the model loads
         folder = check_writable(out)
@@ -307,50 +333,113 @@ def patch(
         except MechsinkError as exc:
             fail(exc)
         result.meta["model"] = model
-        json_path = result.to_json(folder / "patch.json")
-        fig = heatmap(result)
-        fig.savefig(folder / "patch.png", dpi=120)
+        from mechsink.viz.patching import heatmap
+        from mechsink.viz.style import save
+
+        with _result_set(folder) as staging:  # the JSON and the figure, whole or not at all
+            result.to_json(staging / "patch.json")
+            save(heatmap(result), staging / "patch.png")  # atomic, house resolution
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
-                  f"{result.corrupted_value:.4g}; wrote {json_path} and {folder / 'patch.png'}")
+                  f"{result.corrupted_value:.4g}; wrote {folder / 'patch.json'} and "
+                  f"{folder / 'patch.png'}")
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def _settings_help(name: str) -> str:
+    """The settings of experiment ``name`` (from its ``run()`` signature and docstring), as
+    ``mechsink circuit NAME --help`` lists them."""
+    import inspect
+
+    from mechsink.experiments import get_experiment, setting_type
+    from mechsink.experiments.script import setting_help
+
+    experiment = get_experiment(name)
+    head = (f"mechsink circuit {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
+            f"(default {experiment.default_model}); --seed and --device as for the other "
+            "commands." if experiment.needs_model else
+            f"mechsink circuit {name} --out DIR [SETTINGS]\n\n{name} takes no model (it "
+            "trains its own organisms under --out).")
+    lines = [head, "", "settings (from its run()):"]
+    for key, param in experiment.settings().items():
+        if key in ("model_name", "work_dir"):
+            continue
+        kind, is_list = setting_type(param)
+        shape = f"{kind.__name__.upper()}{' ...' if is_list else ''}"
+        if param.default is inspect.Parameter.empty:
+            default = "required"
+        elif is_list:
+            default = "default: " + " ".join(map(str, param.default))
+        else:
+            default = f"default: {param.default}"
+        text = setting_help(experiment.run, key)
+        lines.append(f"  --{key.replace('_', '-')} {shape}  ({default})" + (f"  {text}" if text
+                                                                           else ""))
+    return "\n".join(lines)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                               "help_option_names": []})
 @typing.no_type_check  # typer hands in its base Context class, not the annotated subclass
 def circuit(
     ctx: typer.Context,
-    name: str = typer.Argument(..., help="experiment, e.g. structural_origin or p0_sink"),
-    model: str | None = typer.Argument(None, help="zoo name, for experiments that take a model"),
-    out: str = typer.Option(..., "--out", help="folder for result.json, figures, summary.md"),
+    name: str | None = typer.Argument(None, help="experiment, e.g. structural_origin or p0_sink"),
+    out: str | None = typer.Option(None, "--out", help="folder for result.json, figures, "
+                                   "summary.md (required)"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    show_help: bool = typer.Option(False, "--help", "-h", help="show this message; with NAME, "
+                                   "the experiment's settings"),
 ) -> None:
-    """Run an experiment of mechsink.experiments by name; further --options are its settings
-    (e.g. --n 8 --seq-len 32), as the script of the same name in circuits/ takes them."""
+    """Run an experiment of mechsink.experiments by name: `mechsink circuit NAME [MODEL] --out
+    DIR --setting VALUE ...`. MODEL (a zoo name) only for experiments that take one; further
+    --options are its settings (e.g. --n 8 --seq-len 32), as the script of the same name in
+    circuits/ takes them; `mechsink circuit NAME --help` lists them. Every setting is checked
+    before any model loads."""
     from mechsink.experiments import EXPERIMENTS, get_experiment
     from mechsink.io import check_writable, folder_lock
 
     try:
+        if name is None or show_help:
+            if name is None and not show_help:
+                raise MechsinkError("give the experiment's name: one of "
+                                    f"{', '.join(EXPERIMENTS)}.")
+            console.print(ctx.get_help() if name is None else _settings_help(name),
+                          markup=False, highlight=False)
+            return
         experiment = get_experiment(name)
-        settings = experiment.parse_settings(ctx.args)
-        if not experiment.needs_model and model is not None:
-            raise MechsinkError(f"{name} takes no model (it trains its own); experiments that "
-                                "take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
-                                                         if e.needs_model))
+        args = list(ctx.args)
+        model: str | None = None
+        if args and not args[0].startswith("--"):  # a model, before the settings
+            model = args.pop(0)
+            if not experiment.needs_model:
+                raise MechsinkError(
+                    f"{name} takes no model (it trains its own), got {model!r}; experiments "
+                    "that take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
+                                                  if e.needs_model))
+        the_settings = experiment.parse_settings(args)
+        if out is None:
+            raise MechsinkError(f"{name} needs --out DIR: the folder for its result.")
+        model_name = model or experiment.default_model
+        settings.check_experiment_settings(name, the_settings, model=model_name)
+        if experiment.needs_model:
+            _check_device(device)
         folder = check_writable(out)  # before the work, not after it ('' is an error)
         with folder_lock(folder):
             if experiment.needs_model:
                 from mechsink.model.zoo import load_model
 
-                with console.status(f"loading {model or experiment.default_model}"):
-                    the_model = load_model(model or experiment.default_model, device=device,
-                                           seed=seed)
-                result = experiment.run(the_model, model_name=model or experiment.default_model,
-                                        **settings)
+                with console.status(f"loading {model_name}"):
+                    the_model = load_model(model_name, device=device, seed=seed)
+                seq_len = the_settings.get("seq_len", experiment.settings().get("seq_len"))
+                if seq_len is not None:  # a model whose config needed its weights
+                    from mechsink.model import check_seq_len
+
+                    check_seq_len(the_model, getattr(seq_len, "default", seq_len))
+                result = experiment.run(the_model, model_name=model_name, **the_settings)
             else:
                 if "work_dir" in experiment.settings():
-                    settings.setdefault("work_dir", folder)
-                result = experiment.run(**settings)
-            result.save(folder)
+                    the_settings.setdefault("work_dir", folder)
+                result = experiment.run(**the_settings)
+            result.save(folder)  # one result set; the summary is drawn before any write
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)

@@ -15,9 +15,10 @@ A sweep is a TOML spec (see ``docs/tutorials/sweep.md``)::
 Each shard (one model; for ``patch``, one model x a slice of prompt pairs) is written atomically
 to ``OUT/shards/<id>.json``; a rerun skips the shards already written, so a killed sweep resumes.
 A shard that raises is recorded in ``OUT/summary.json`` and the others go on. The merged results
-(``OUT/<job>/...``, JSON with sorted keys) depend only on the spec: they are byte-identical
-whether the shards ran in this process, on Ray workers, or over several resumed runs. Timings,
-hosts and failures live in ``summary.json`` only.
+(``OUT/<job>/...``, JSON with sorted keys; each job's folder one result set with its
+``manifest.json``) depend only on the spec: they are byte-identical (the manifests' time stamps
+aside) whether the shards ran in this process, on Ray workers, or over several resumed runs.
+Timings, hosts and failures live in ``summary.json`` only.
 
 With Ray (``ray=True``), each worker is an actor that keeps one loaded model, and the driver hands
 a worker the shards of one model in a row. Every node loads models from its own
@@ -42,7 +43,13 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.errors import BadInputError, MechsinkError, MissingDependencyError
-from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.io import (
+    atomic_write_json,
+    atomic_write_text,
+    full_disk_is_one_line,
+    json_text,
+    result_set,
+)
 
 SUMMARY_SCHEMA = "mechsink-sweep-summary/1"
 MERGED_SCHEMA = "mechsink-sweep/1"
@@ -95,6 +102,17 @@ class Spec:
     pairs: tuple[tuple[str, str], ...] = ()
 
 
+def _read_utf8(path: Path, what: str) -> str:
+    """The text of ``path``; bytes that are not UTF-8 are one line naming the file and where."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise BadInputError(f"{what} {path}, line {line}: byte {data[exc.start]:#04x} is not "
+                            "UTF-8: save the file as UTF-8 text.") from None
+
+
 def _line(text: str, table: str | None, key: str | None = None, value: str | None = None) -> int:
     """The 1-based line of ``key`` (or of the string ``value``) inside ``[table]`` of TOML
     ``text`` (tomllib gives no positions); 1 when not found."""
@@ -135,11 +153,12 @@ def _check_model_name(name: str, base: Path) -> str:
         random_config(rest)  # raises UnknownModelError for a bad family or size
         return name
     if prefix == "organism" and rest:
-        folder = Path(rest) if Path(rest).is_absolute() else base / rest
-        if not folder.exists():
-            folder = organism_folder(rest)  # a bundled organism's name
+        given = Path(rest) if Path(rest).is_absolute() else base / rest
+        folder = given if given.exists() else organism_folder(rest)  # else a bundled name
         if not (folder / "config.json").is_file():
-            raise BadInputError(f"organism folder {rest!r} not found (looked in {folder})")
+            raise BadInputError(f"organism {rest!r} not found: {given} (the path taken relative "
+                                "to the spec's folder) holds no config.json, and no organism "
+                                "bundled with mechsink has that name.")
         return f"organism:{folder.resolve()}"
     raise BadInputError(f"unknown model {name!r}: give a zoo name ({', '.join(NAMED_MODELS)}), "
                         "random:gpt2-<size>, random:llama-<size> or organism:<folder>")
@@ -158,7 +177,7 @@ def load_spec(path: str | Path) -> Spec:
     spec = Path(path)
     if not spec.is_file():
         raise BadInputError(f"sweep spec {spec} not found: give the path of a TOML file.")
-    text = spec.read_text(encoding="utf-8")
+    text = _read_utf8(spec, "sweep spec")
     try:
         import tomllib
     except ImportError:  # Python 3.10
@@ -223,6 +242,7 @@ def load_spec(path: str | Path) -> Spec:
     if "experiment" in jobs:
         _check_experiment(spec, text, settings["experiment"])
     models = _models(spec, text, raw, base)
+    _check_values(spec, text, jobs, settings, pairs, models, raw.get("device", "cpu"))
     if not models and not ("experiment" in jobs and _experiment_without_model(settings)):
         raise BadInputError(f"{_where(spec, text, None, 'models')}: no models: give models = "
                             "[...] or training_runs = [...].")
@@ -256,18 +276,27 @@ def _models(spec: Path, text: str, raw: dict[str, Any], base: Path) -> list[Mode
         label = name if seed is None else f"{name}@seed{seed}"
         models.append(ModelRef(label, load, seed))
     for run in raw.get("training_runs", []):
-        folder = Path(run) if Path(run).is_absolute() else base / str(run)
+        if not isinstance(run, str):
+            raise BadInputError(f"{_where(spec, text, None, 'training_runs')}: a training run "
+                                f"is a folder path, got {run!r}.")
+        folder = (Path(run) if Path(run).is_absolute() else base / run).resolve()
         if not (folder / "run.json").is_file():
-            raise BadInputError(f"{_where(spec, text, None, 'training_runs', str(run))}: "
+            raise BadInputError(f"{_where(spec, text, None, 'training_runs', run)}: "
                                 f"{folder} holds no run.json: give a training run folder.")
+        shown = run.rstrip("/") or run
         for step, loss in _checkpoints(folder):
-            models.append(ModelRef(f"{run}/step-{step}", f"organism:{folder / f'step-{step}'}",
-                                   None, (("loss", loss), ("run", str(run)), ("step", step))))
-    labels = [m.label for m in models]
-    for label in labels:
-        if labels.count(label) > 1:
-            raise BadInputError(f"{_where(spec, text, None, 'models', label)}: model {label!r} "
-                                "is listed twice.")
+            models.append(ModelRef(f"{shown}/step-{step}", f"organism:{folder / f'step-{step}'}",
+                                   None, (("loss", loss), ("run", shown), ("step", step))))
+    # duplicates by what is loaded (resolved folders: ``../org`` and ``../org/``, relative and
+    # absolute spellings, are one model), not by how the spec spells them
+    seen: dict[tuple[str, int | None], str] = {}
+    for m in models:
+        key = (m.load, m.seed)
+        if key in seen:
+            same = "" if seen[key] == m.label else f" (as {seen[key]!r} and {m.label!r})"
+            raise BadInputError(f"{_where(spec, text, None, 'models', m.label)}: model "
+                                f"{m.label!r} is listed twice{same}.")
+        seen[key] = m.label
     return models
 
 
@@ -277,7 +306,7 @@ def _read_pairs(spec: Path, text: str, path: Path) -> tuple[tuple[str, str], ...
     if not path.is_file():
         raise BadInputError(f"{where}: prompt-pair file {path} not found.")
     pairs = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for i, line in enumerate(_read_utf8(path, "prompt-pair file").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -289,6 +318,61 @@ def _read_pairs(spec: Path, text: str, path: Path) -> tuple[tuple[str, str], ...
     if not pairs:
         raise BadInputError(f"{where}: {path} holds no prompt pairs.")
     return tuple(pairs)
+
+
+def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str, dict[str, Any]],
+                  pairs: Sequence[tuple[str, str]], models: Sequence[ModelRef],
+                  device: str) -> None:
+    """Every value through :mod:`mechsink.settings` (the checks and messages the CLI and the
+    experiments use), before any model loads; a bad one names the spec's line."""
+    from mechsink import settings as checks
+
+    def check(table: str | None, key: str | None, fn: Callable[..., None], *args: Any,
+              **kwargs: Any) -> None:
+        try:
+            fn(*args, **kwargs)
+        except MechsinkError as exc:
+            raise BadInputError(f"{_where(spec, text, table, key)}: [{table or 'spec'}] {exc}"
+                                ) from None
+
+    check(None, "device", checks.check_device, device)
+    loads = sorted({m.load for m in models})
+    if "census" in jobs:
+        c = settings["census"]
+        check("census", "suites", checks.check_suites, c["suites"], c["variants"], 1, 2)
+        check("census", "n", checks.check_n, c["n"], "n")
+        check("census", "seq_len", checks.check_suites, c["suites"], c["variants"], 1,
+              c["seq_len"])
+        check("census", "eps", checks.check_eps, c["eps"], "eps")
+        check("census", "batch_size", checks.check_batch_size, c["batch_size"], "batch_size")
+        for load in loads:
+            check("census", "seq_len", checks.check_context, load, c["seq_len"], "seq_len")
+    if "timeline" in jobs:
+        t = settings["timeline"]
+        check("timeline", "suite", checks.check_suites, [t["suite"]], [t["variant"]], 1, 2)
+        check("timeline", "n", checks.check_n, t["n"], "n")
+        check("timeline", "seq_len", checks.check_suites, [t["suite"]], [t["variant"]], 1,
+              t["seq_len"])
+        check("timeline", "eps", checks.check_eps, t["eps"], "eps")
+        for load in loads:
+            check("timeline", "seq_len", checks.check_context, load, t["seq_len"], "seq_len")
+    if "patch" in jobs:
+        p = settings["patch"]
+        check("patch", "site", checks.check_site, p["site"], p["layers"])
+        check("patch", "metric", checks.check_metric, p["metric"])
+        check("patch", "direction", checks.check_direction, p["direction"], "direction")
+        check("patch", "pairs", checks.check_pairs, pairs)
+    if "experiment" in jobs:
+        e = settings["experiment"]
+        for load in loads or [None]:
+            try:
+                checks.check_experiment_settings(e["name"], e["settings"], model=load)
+            except MechsinkError as exc:  # at the line of the setting it names, if given
+                named = re.search(r"--([a-z][a-z-]*)", str(exc))
+                key = named.group(1).replace("-", "_") if named else None
+                given = key if key in e["settings"] else next(iter(e["settings"]), None)
+                raise BadInputError(f"{_where(spec, text, 'experiment.settings', given)}: "
+                                    f"[experiment.settings] {exc}") from None
 
 
 def _check_experiment(spec: Path, text: str, settings: dict[str, Any]) -> None:
@@ -397,7 +481,8 @@ class ShardWorker:
             torch.set_num_threads(shard["threads"])
             result = _JOB_RUNNERS[shard["job"]](self, shard)
             # a JSON round trip: what a resumed sweep reads back is what this run merges
-            result = json.loads(json.dumps(result, sort_keys=True, allow_nan=False))
+            # (strict: a non-finite number comes back null with a reason beside it)
+            result = json.loads(json_text(result, indent=None, sort_keys=True))
             return {"status": "ok", "result": result, **info,
                     "seconds": time.perf_counter() - start}
         except Exception as exc:  # a shard's failure is data for the summary
@@ -578,7 +663,8 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
     folder = check_writable(out)
     shards = make_shards(spec)
     start = time.perf_counter()
-    with folder_lock(folder, command=f"mechsink sweep {spec.path}"):
+    with folder_lock(folder, command=f"mechsink sweep {spec.path}"), full_disk_is_one_line(
+            folder, kept="the shards already written are kept, and a rerun resumes from them"):
         (folder / "shards").mkdir(parents=True, exist_ok=True)
         records: dict[str, dict[str, Any]] = {}
         todo = []
@@ -628,7 +714,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
 
 
 def _json(data: Any) -> str:
-    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    return json_text(data, indent=1, sort_keys=True)
 
 
 def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -640,18 +726,19 @@ def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def merge(spec: Spec, shards: list[dict[str, Any]], out: Path) -> list[str]:
-    """Merge the finished shards into ``out/<job>/``; returns the files written. Everything
-    written depends on the spec and the shard results only (no timings), in spec order."""
+    """Merge the finished shards into ``out/<job>/``, each folder one result set
+    (:func:`mechsink.io.result_set`: whole or the previous one); returns the files written.
+    Everything written depends on the spec and the shard results only (no timings), in spec
+    order."""
     written: list[str] = []
     for job in spec.jobs:
         mine = [s for s in shards if s["job"] == job]
         done = [(s, d["result"]) for s in mine if (d := _read_shard(out, s)) is not None]
         missing = sorted({s["model"]["label"] if s["model"] else s["id"] for s in mine
                           if _read_shard(out, s) is None})
-        folder = out / job
-        folder.mkdir(parents=True, exist_ok=True)
-        files = _MERGERS[job](spec, done, missing, folder)
-        written += [str(p.relative_to(out)) for p in files]
+        with result_set(out / job, command=f"mechsink sweep {spec.path}") as staging:
+            files = _MERGERS[job](spec, done, missing, staging)
+            written += [f"{job}/{p.relative_to(staging)}" for p in files]
     return written
 
 
@@ -731,7 +818,8 @@ def _merge_experiment(spec: Spec, done: list, missing: list[str], folder: Path) 
     paths = []
     index = []
     for s, r in done:
-        sub = _slug(s["model"]["label"]) if s["model"] else name
+        # keyed by the shard's digest (its id): models whose labels slug alike never share one
+        sub = s["id"].removeprefix("experiment--") if s["model"] else name
         ExperimentResult(name, r).save(folder / sub)
         index.append({"model": s["model"]["label"] if s["model"] else None, "folder": sub})
         paths.append(folder / sub)

@@ -36,6 +36,7 @@ from mechsink.measure.query_bias import delta_attribution, residual_components
 from mechsink.measure.sinks import HOOKS as SINK_HOOKS
 from mechsink.measure.sinks import sink_scores
 from mechsink.model import act_name, key_bias, key_weights, norm_params, query_bias
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import task_of
 
 FIGURE = "ablations.png"
@@ -111,6 +112,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 32, seq_len: int 
 
     ``n``: sequences; ``seq_len``: tokens per sequence; ``top``: number of sink heads to study.
     """
+    check_experiment_settings("gpt2_query_bias", locals())  # before any work, as the CLI does
     model_name = model_name or model.cfg.model_name
     tokens = inputs(model, model_name, n, seq_len)
     base = head_scores(model, tokens)

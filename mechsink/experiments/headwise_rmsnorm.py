@@ -17,6 +17,7 @@ from typing import Any
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import HWRMS_SUFFIX, get_recipe, train
 
 FIGURE = "twins.png"
@@ -67,6 +68,7 @@ def run(*, work_dir: str | Path, recipe: str = "bb-gpt2-tiny", seeds: Sequence[i
 
     ``recipe``: the organism recipe (its twin adds head-wise RMSNorm); ``seeds``: one twin
     pair per seed; ``steps``: training steps of every organism."""
+    check_experiment_settings("headwise_rmsnorm", locals())  # before any work, as the CLI does
     arms = {name: [run_arm(name, s, steps, Path(work_dir)) for s in seeds]
             for name in (recipe, recipe + HWRMS_SUFFIX)}
     plain, hwrms = ([final_loss(r) for r in runs] for runs in arms.values())

@@ -47,6 +47,7 @@ from mechsink.interventions.edits import ablate
 from mechsink.interventions.readout import massive_channel_sets, sink_readout
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
+from mechsink.settings import check_experiment_settings
 
 FIGURE = "p0_circuit.png"
 SCHEMA = "mechsink-p0-sink/3"
@@ -127,6 +128,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
     ``batch_size``: senders per path-patch batch; ``doses``: the complete set's dose grid (must
     include 0 and 1).
     """
+    check_experiment_settings("p0_sink", locals())  # before any work, as the CLI does
     prompts = {v: make_prompts(model, "natural", v, n=n, seq_len=seq_len).tokens
                for v in ("bos", "nobos", "randfirst")}
     tokens = prompts["bos"]

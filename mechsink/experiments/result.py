@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.io import atomic_write_json, atomic_write_text, result_set
 
 
 def verdict_lines(verdicts: dict[str, dict[str, str]]) -> list[str]:
@@ -48,14 +48,18 @@ class ExperimentResult:
         return None if draw is None else draw(self.data, Path(path))
 
     def save(self, out: str | Path) -> Path:
-        """Write the result JSON, the figure and ``summary.md`` into ``out`` (atomically)."""
+        """Write the result JSON (strict: a non-finite number is ``null`` with a reason), the
+        figure and ``summary.md`` into ``out`` as one result set (:func:`mechsink.io.result_set`):
+        the summary is drawn first, and a failure, a kill or a full disk leaves the previous
+        result there whole."""
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / self.result_file, {"experiment": self.name, **self.data})
+        summary = self.summary()  # a summary that fails writes nothing
         name = getattr(self._module(), "FIGURE", None)
-        if name:
-            self.figure(out / name)
-        atomic_write_text(out / "summary.md", self.summary())
+        with result_set(out) as staging:
+            atomic_write_json(staging / self.result_file, {"experiment": self.name, **self.data})
+            if name:
+                self.figure(staging / name)
+            atomic_write_text(staging / "summary.md", summary)
         return out
 
     @classmethod

@@ -24,6 +24,7 @@ import torch
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
 from mechsink.model import load_model
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import Recipe, train
 from mechsink.training.seedprint import (
     INIT_SCHEMES,
@@ -195,6 +196,7 @@ def run(*, work_dir: str | Path, recipe: str = "bb-llama-tiny", steps: int = 200
     initialisations trained on one data order (the null); ``held_out_inits``: initialisations
     each trained on two data orders (the test pairs); ``alpha``: false-positive rate the
     calibrated threshold aims for."""
+    check_experiment_settings("seedprint", locals())  # before any work, as the CLI does
     result = {"schema": SCHEMA, "n": n, "seq_len": 32, "size": size,
               "token_preference": preference_grid(size, list(depths), n, 32),
               "contraction": contraction(size, n, 32, seeds=[0, 1, 2]),

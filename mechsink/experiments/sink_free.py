@@ -33,6 +33,7 @@ from mechsink.io import atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline
 from mechsink.model.variants import ATTENTION_VARIANTS
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import get_recipe, train
 
 FIGURE = "sink_free.png"
@@ -103,6 +104,7 @@ def run(*, work_dir: str | Path, recipes: Sequence[str] = ("bb-llama-tiny", "tex
     ``recipes``: task recipes (llama recipes); ``variants``: attention variants beside plain
     softmax; ``seeds``: one twin set per seed; ``steps``: one length per recipe (or one for
     all); ``eps``: sink-rate threshold."""
+    check_experiment_settings("sink_free", locals())  # before any work, as the CLI does
     steps = list(steps)
     if len(steps) == 1:
         steps = steps * len(recipes)

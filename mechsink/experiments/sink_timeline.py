@@ -15,6 +15,7 @@ import torch
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline, timeline_dict
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import get_recipe
 
 FIGURE = "timeline.png"
@@ -33,6 +34,7 @@ def run(*, run_dir: str | Path, n: int = 32, eps: float = DEFAULT_EPS) -> Experi
 
     ``run_dir``: folder written by mechsink train; ``n``: held-out task sequences;
     ``eps``: sink-rate threshold."""
+    check_experiment_settings("sink_timeline", locals())  # before any work, as the CLI does
     run_dir = Path(run_dir)
     points = sink_timeline(run_dir, held_out_tokens(run_dir, n), eps=eps)
     return ExperimentResult("sink_timeline", timeline_dict(points, run=str(run_dir), eps=eps))

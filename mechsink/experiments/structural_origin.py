@@ -40,6 +40,7 @@ from mechsink.measure.forward import measure_forward, of_cache
 from mechsink.measure.variance import HOOKS as VARIANCE_HOOKS
 from mechsink.measure.variance import variance_stats
 from mechsink.model import act_name
+from mechsink.settings import check_experiment_settings
 
 FIGURE = "structural_origin.png"
 
@@ -153,6 +154,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     sink is moved to; ``doses``: the factors the complete super-neuron sets are scaled by
     (must include 0 and 1); ``batch_size``: sequences per forward.
     """
+    check_experiment_settings("structural_origin", locals())  # before any work, as the CLI does
     grid = [float(d) for d in doses]
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     found = massive_channel_sets(model, tokens)

@@ -14,6 +14,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from mechsink.io import (
     atomic_write_text,
     check_writable,
     folder_lock,
+    full_disk_is_one_line,
+    json_text,
 )
 from mechsink.model.variants import (
     ATTENTION_VARIANTS,
@@ -190,13 +193,24 @@ def train(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BadInputError(f"{out} is a file: give a folder for the run.")
-    if resume and not (out / "run.json").is_file():
+    if resume and not (out / "run.json").is_file() and not _killed_first_checkpoint(out):
         raise BadInputError(f"nothing to resume in {out}: it holds no run.json. Leave out "
                             "resume (--resume) to start a new run there.")
     check_writable(out, option="the run folder")
-    with folder_lock(out):
+    with folder_lock(out), full_disk_is_one_line(
+            out, kept="the checkpoints already written stand: free space, then resume (--resume)"):
         _train_locked(recipe, out, total, seed, data_seed, resume, steps is None, progress)
     return out
+
+
+def _killed_first_checkpoint(out: Path) -> bool:
+    """``out`` holds no run.json and only what a run killed while writing its first checkpoint
+    leaves (``step-N/``, ``step-N.optimizer.pt``, temporary names, the lock): a fresh start."""
+    if not out.is_dir() or (out / "run.json").exists():
+        return False
+    names = [p for p in out.iterdir() if p.name != LOCK_FILE and not _is_leftover(p)]
+    return bool(names) and all(re.fullmatch(r"step-\d+(\.optimizer\.pt)?", p.name)
+                               for p in names)
 
 
 def _train_locked(recipe: Recipe, out: Path, total: int, seed: int, data_seed: int,
@@ -295,12 +309,24 @@ def _open_run(
                 f"{out} holds a different run (recipe {run['recipe']['name']}, seed {run['seed']}, "
                 f"{run['steps']} steps): choose a new folder."
             )
-        if not resume:
+        if not resume and run["checkpoints"]:
             raise BadInputError(f"{out} already holds this run: pass resume=True (--resume).")
-        return run
+        return run  # (a run with no checkpoint yet, killed during its first: resumed from 0)
+    if _killed_first_checkpoint(out):  # killed during its first checkpoint: start afresh
+        for path in out.iterdir():
+            if path.name.startswith("step-"):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
     if any(p.name != LOCK_FILE for p in out.iterdir()):
         raise BadInputError(f"{out} is not empty and holds no mechsink run: choose a new folder.")
-    return {"format": RUN_FORMAT, **wanted, "losses": [], "checkpoints": [], "seconds": 0.0}
+    run = {"format": RUN_FORMAT, **wanted, "losses": [], "checkpoints": [], "seconds": 0.0}
+    # written before the first checkpoint, so a kill during it leaves a run to resume
+    atomic_write_text(out / "run.json", _run_json(run))
+    return run
+
+
+def _run_json(run: dict) -> str:
+    """run.json's text: strict JSON (a non-finite loss is null with a reason beside it)."""
+    return json_text(run, indent=1)
 
 
 def _is_leftover(path: Path) -> bool:
@@ -320,6 +346,7 @@ def _remove_leftovers(out: Path) -> None:
 def _restore(run: dict, out: Path, model: torch.nn.Module, optimizer) -> int:
     """Load the last checkpoint's weights and optimizer state; return the step to continue at."""
     if not run["checkpoints"]:
+        run["losses"] = []
         return 0
     step = run["checkpoints"][-1]
     load_weights(model, out / f"step-{step}")
@@ -344,7 +371,7 @@ def _checkpoint(out: Path, run: dict, step: int, model, optimizer, tokenizer) ->
     torch.save(optimizer.state_dict(), buf)
     atomic_write_bytes(out / f"step-{step}.optimizer.pt", buf.getvalue())
     run["checkpoints"].append(step)
-    atomic_write_text(out / "run.json", json.dumps(run, indent=1))
+    atomic_write_text(out / "run.json", _run_json(run))
 
 
 def _progress(enabled: bool) -> Progress:
