@@ -356,8 +356,9 @@ def _settings_help(name: str) -> str:
     head = (f"mechsink circuit {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
             f"(default {experiment.default_model}); --seed and --device as for the other "
             "commands." if experiment.needs_model else
-            f"mechsink circuit {name} --out DIR [SETTINGS]\n\n{name} takes no model (it "
-            "trains its own organisms under --out).")
+            f"mechsink circuit {name} --out DIR [SETTINGS]\n\n{name} takes no model (" + (
+                "it loads the ones --models names, one at a time" if "models" in
+                experiment.settings() else "it trains its own organisms under --out") + ").")
     lines = [head, "", "settings (from its run()):"]
     for key, param in experiment.settings().items():
         if key in ("model_name", "work_dir"):

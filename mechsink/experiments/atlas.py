@@ -41,6 +41,7 @@ from mechsink.interventions.readout import measure
 from mechsink.interventions.stats import bootstrap_interval
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.measure.sinks import DEFAULT_EPS
+from mechsink.settings import check_experiment_settings
 
 SCHEMA = "mechsink-atlas/1"
 RESULT_FILE = "atlas.json"
@@ -262,6 +263,7 @@ def run(*, work_dir: str | Path, models: Sequence[str] = DEFAULT_MODELS, n: int 
     prompts, twins and bootstrap; ``eps``: the sink threshold; ``batch_size``: sequences per
     forward.
     """
+    check_experiment_settings("atlas", locals())  # before any work, as the CLI does
     names = check_models(models)
     if n < 2:
         raise BadInputError(f"n must be at least 2 (intervals over prompts), got {n}.")

@@ -29,6 +29,7 @@ from mechsink.interventions.dose import DEFAULT_DOSES, dose_response
 from mechsink.interventions.stats import LEVEL
 from mechsink.interventions.targets import Target
 from mechsink.model import query_bias
+from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import task_of
 
 FIGURE = "dose_response.png"
@@ -65,6 +66,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     dosed; ``doses``: factors (must hold 0 and 1); ``seed``: W_K rotation and bootstrap seed;
     ``batch_size``: sequences per forward.
     """
+    check_experiment_settings("query_bias_dose", locals())  # before any work, as the CLI does
     if n < 2:
         raise BadInputError(f"n must be at least 2 (intervals over prompts), got {n}.")
     if top < 1:
