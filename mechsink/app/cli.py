@@ -20,7 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,

@@ -390,8 +390,10 @@ def check_out_dir(out_dir: str | Path) -> Path:
 
 def census_json(c: Census | Mapping[str, Any]) -> str:
     """The census as JSON text (stable key order, so equal censuses give equal text)."""
+    from mechsink.io import json_text
+
     data = c.to_dict() if isinstance(c, Census) else dict(c)
-    return json.dumps(data, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    return json_text(data, indent=1, sort_keys=True)  # non-finite: null with a reason
 
 
 def write_census(c: Census | Mapping[str, Any], out_dir: str | Path) -> Path:
