@@ -189,6 +189,10 @@ class GraphRun:
             if not -seq_len <= p < seq_len:
                 raise BadInputError(f"position {p} is outside 0..{seq_len - 1}.")
             mask[p] = True
+        if abl is not None and abl.kind == "position_mean" and seq_len < 2:
+            raise BadInputError("position_mean ablation is the mean over the positions not "
+                                f"ablated: the prompts are {seq_len} token long (an empty "
+                                "prompt is BOS alone); give prompts of at least 2 tokens.")
         if abl is not None and abl.kind == "position_mean" and bool(mask.all()):
             raise BadInputError("position_mean needs at least one position left alone.")
         return mask

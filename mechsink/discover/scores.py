@@ -12,6 +12,8 @@ highest-scored edges exactly and reports how far each estimate was).
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +47,10 @@ class EdgeScores:
     checks: list[dict[str, Any]] = field(default_factory=list)
 
     def order(self) -> Tensor:
-        """Edges from the largest |score| down (ties keep graph order)."""
-        return torch.argsort(self.values.abs(), descending=True, stable=True)
+        """Edges from the largest |score| down (ties keep graph order; edges without a
+        finite score, e.g. not scored by ``exact(edges=...)``, last)."""
+        key = torch.where(torch.isfinite(self.values), self.values.abs(), -1.0)
+        return torch.argsort(key, descending=True, stable=True)
 
     def top(self, n: int) -> list[tuple[str, float]]:
         """The ``n`` highest-|score| edges with their scores."""
@@ -62,21 +66,64 @@ class EdgeScores:
         out: dict[str, Any] = {"k": len(self.checks)}
         for key in ("score", "first_order"):
             est = torch.tensor([c[key] for c in self.checks], dtype=torch.float64)
-            out[key] = {"spearman": correlation(est, exact, "spearman"),
-                        "max_abs_error": float((est - exact).abs().max())}
+            rho = json_float(correlation(est, exact, "spearman"))
+            out[key] = {"spearman": rho, "max_abs_error": float((est - exact).abs().max())}
+            if rho is None:
+                out[key]["reason"] = "fewer than two edges, or one side constant"
         return out
 
     def to_dict(self, *, top: int | None = None) -> dict[str, Any]:
+        """JSON-ready (strict: an edge without a finite score has ``"score": null`` and a
+        ``"reason"``)."""
         order = self.order() if top is None else self.order()[:top]
+        rows = []
+        for e in order.tolist():
+            row: dict[str, Any] = {"edge": self.graph.edge_names[e],
+                                   "score": json_float(self.values[e])}
+            if row["score"] is None:
+                row["reason"] = NOT_SCORED
+            if self.first_order is not None:
+                row["first_order"] = json_float(self.first_order[e])
+            rows.append(row)
         return {
             "method": self.method, "metric": self.metric, "clean_value": self.clean_value,
             "corrupted_value": self.corrupted_value, "settings": self.settings,
-            "graph": self.graph.to_dict(),
-            "edges": [{"edge": self.graph.edge_names[int(e)], "score": float(self.values[e]),
-                       **({} if self.first_order is None else
-                          {"first_order": float(self.first_order[e])})} for e in order],
+            "graph": self.graph.to_dict(), "edges": rows,
             "checks": self.checks, "check_summary": self.check_summary(),
         }
+
+
+#: why an edge's score is ``null`` in JSON (scores that turn non-finite are refused earlier)
+NOT_SCORED = "not scored (the method scored a subset of the edges)"
+
+
+def json_float(x: Any) -> float | None:
+    """``float(x)``, or None when it is not finite (JSON has no NaN)."""
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def strict_json(data: Any, reason: str, where: str = "") -> tuple[Any, list[str]]:
+    """``data`` with every non-finite float replaced by None, and the JSON paths replaced
+    (so a writer can add ``{"non_finite": {"paths": ..., "reason": reason}}``)."""
+    paths: list[str] = []
+
+    def walk(x: Any, at: str) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            paths.append(at)
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, f"{at}[{i}]") for i, v in enumerate(x)]
+        return x
+
+    return walk(data, where), paths
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    """A number for a summary; ``n/a`` for None or NaN."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def from_grads(run: GraphRun, grads: dict[str, Tensor],
@@ -117,13 +164,30 @@ def clean_gradients(run: GraphRun) -> dict[str, Tensor]:
     return run.run_coeffs(coeffs, with_grad=True, pattern_layers=layers)[1]
 
 
-def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any]) -> EdgeScores:
-    """:class:`EdgeScores` of ``values`` with the run's settings (corruption, positions)."""
+def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any], *,
+           scored: Sequence[int] | None = None) -> EdgeScores:
+    """:class:`EdgeScores` of ``values`` with the run's settings (corruption, positions).
+    Every scored edge (``scored``, default all) must have a finite score: a clear error
+    otherwise (non-finite weights or activations), never NaN scores."""
+    check_finite(run.graph, values, scored)
     settings = {**settings, "ablation": None if run.ablation is None else str(run.ablation),
                 "positions": run.positions.nonzero().flatten().tolist(),
                 "batch": run.batch, "seq_len": run.seq_len}
     return EdgeScores(run.graph, values, method, run.metric.name, run.clean_value,
                       run.corrupted_value, settings)
+
+
+def check_finite(graph: Graph, values: Tensor, scored: Sequence[int] | None = None) -> None:
+    """Refuse edge scores that are not finite (among ``scored``), naming how many and the
+    first: the model's activations or gradients were not finite somewhere."""
+    idx = torch.arange(values.numel()) if scored is None else torch.as_tensor(
+        list(scored), dtype=torch.long)
+    bad = idx[~torch.isfinite(values[idx])]
+    if bad.numel():
+        raise BadInputError(
+            f"{bad.numel()} of {idx.numel()} edge scores are not finite (first: "
+            f"{graph.edge_names[int(bad[0])]} = {float(values[bad[0]])}): the model's "
+            "activations or gradients are not finite there; check its weights for inf/NaN.")
 
 
 def check_verify(verify: Any) -> None:
@@ -142,6 +206,7 @@ def finish(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
         assert grads is not None
         out.first_order = values.clone()
         out.values = qk_fixed(run, values, grads)
+        check_finite(run.graph, out.values)
     if verify:
         top = out.order()[:verify].tolist()
         exact = run.exact(top) - run.clean_value
