@@ -130,15 +130,57 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
                deltas: dict[str, Tensor] | None = None) -> Float[Tensor, "sender receiver"]:
     """``delta_u . grad_v`` summed over batch and positions, for every sender/receiver pair
     (``grads`` per receiver hook, from :meth:`GraphRun.run_coeffs`; ``deltas`` per hook with
-    ``keep_writes``, else the run's own ``delta``)."""
+    ``keep_writes``, else the run's own ``delta``).
+
+    With the run's own delta this is one matrix product per staircase step: the receiver
+    slots that read the same prefix of senders (a layer's q, k and v; its MLP; the metric)
+    have their gradients stacked as columns, and ``delta`` (float64, read once, only at the
+    corrupted positions: it is exactly 0 elsewhere) multiplies them all at once."""
+    if deltas is not None:
+        return _from_slot_deltas(run, grads, deltas)
     g = run.graph
     out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    pos = run.positions.nonzero().flatten().to(run.delta.device)
+    steps: dict[int, tuple[list[Tensor], list[int]]] = {}
     for slot in run.slots():
         grad = grads.get(slot.hook)
         if grad is None:  # the metric does not read past this receiver
             continue
+        grad = grad.index_select(1, pos)
+        if slot.heads and slot.broadcast:
+            grad = grad.sum(2)
+        cols = grad.transpose(2, 3) if slot.heads and not slot.broadcast else grad.unsqueeze(-1)
         n_s = g.n_senders_before(g.receivers[slot.cols[0]])
-        d = (run.delta[:, :, :n_s] if deltas is None else deltas[slot.hook]).double()
+        mats, idx = steps.setdefault(n_s, ([], []))
+        mats.append(cols)  # [batch, pos, d_model, columns]
+        idx += slot.cols if slot.heads and not slot.broadcast else slot.cols[:1]
+    if not steps:
+        return out
+    n_max = max(steps)
+    stacked = {n: (torch.cat(m, -1), torch.tensor(i)) for n, (m, i) in steps.items()}
+    b, p, d = run.batch, pos.numel(), run.delta.shape[-1]
+    rows = max(1, (64 << 20) // max(1, n_max * p * d * 8))  # delta rows per 64 MiB block
+    for lo in range(0, b, rows):
+        sl = slice(lo, min(b, lo + rows))
+        delta = run.delta[sl].index_select(1, pos)[:, :, :n_max]  # [rows, pos, u, d]
+        dm = delta.permute(2, 0, 1, 3).reshape(n_max, -1).double()
+        for n, (grad, idx) in stacked.items():
+            gm = grad[sl].reshape(-1, grad.shape[-1]).double()
+            out[:n].index_add_(1, idx, dm[:n] @ gm)
+    return out
+
+
+def _from_slot_deltas(run: GraphRun, grads: dict[str, Tensor],
+                      deltas: dict[str, Tensor]) -> Float[Tensor, "sender receiver"]:
+    """:func:`from_grads` with each slot's own senders' deltas (``keep_writes``)."""
+    g = run.graph
+    out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    for slot in run.slots():
+        grad = grads.get(slot.hook)
+        if grad is None:
+            continue
+        n_s = g.n_senders_before(g.receivers[slot.cols[0]])
+        d = deltas[slot.hook].double()
         grad = grad.double()
         if slot.heads and slot.broadcast:
             grad = grad.sum(2)
