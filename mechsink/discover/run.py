@@ -271,9 +271,10 @@ class GraphRun:
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Run ``copies`` stacked forwards, copy ``c`` with edge coefficients ``coeffs[c]``.
 
-        Returns the metric per copy ``[copies]``, and (``with_grad``, one copy only) the
-        gradient of the metric at each receiver hook (and at ``pattern_layers``' attention
-        patterns) and the senders' run deltas ``w_corr - w_run`` per hook (``keep_writes``).
+        Returns the metric per copy ``[copies]``, and (``with_grad``) the gradient of each
+        copy's metric at each receiver hook (rows ``c * batch ..``; and at
+        ``pattern_layers``' attention patterns) and the senders' run deltas ``w_corr - w_run``
+        per hook (``keep_writes``, one copy only).
         """
         copies = coeffs.shape[0]
         grads: dict[str, Tensor] = {}
