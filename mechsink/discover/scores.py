@@ -13,6 +13,7 @@ highest-scored edges exactly and reports how far each estimate was).
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from torch import Tensor
 from mechsink.discover.graph import Graph
 from mechsink.discover.qkfix import qk_fixed
 from mechsink.discover.run import GraphRun
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MechsinkWarning
 from mechsink.patching.attribution import correlation
 
 
@@ -256,4 +257,36 @@ def finish(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
         out.checks = [{"edge": run.graph.edge_names[e], "score": float(out.values[e]),
                        "first_order": float(first[e]), "exact": float(x)}
                       for e, x in zip(top, exact.tolist(), strict=True)]
+        distrust(out, top, exact)
     return out
+
+
+#: the least Spearman correlation of a method's top edges with their exact re-patch that
+#: is trusted (below it the scores warn and the re-patched edges keep their exact scores)
+AGREEMENT_BOUND = 0.5
+#: re-patched edges needed before the correlation is judged
+MIN_CHECKS = 5
+
+
+class UntrustedScoresWarning(MechsinkWarning):
+    """The exact re-patch of a method's top edges disagrees with its scores (Spearman below
+    :data:`AGREEMENT_BOUND`): the ranking is not to be trusted beyond the checked edges."""
+
+
+def distrust(out: EdgeScores, top: list[int], exact: Tensor) -> None:
+    """Warn when the re-check of ``top`` disagrees beyond the bound, and then rank those
+    edges by their exact scores (``settings["exact_where_checked"]``; the estimates stay in
+    ``checks``), so a circuit selected from ``out`` uses the exact values where they exist."""
+    if len(top) < MIN_CHECKS:
+        return
+    rho = correlation(out.values[top], exact, "spearman")
+    if not rho < AGREEMENT_BOUND:  # NaN (constant values): nothing to judge
+        return
+    out.values = out.values.clone()
+    out.values[torch.as_tensor(top)] = exact.to(out.values.dtype)
+    out.settings["exact_where_checked"] = True
+    warnings.warn(UntrustedScoresWarning(
+        f"{out.method}'s top {len(top)} edges agree poorly with their exact re-patch "
+        f"(Spearman {rho:.2f} < {AGREEMENT_BOUND}): those edges now carry their exact scores "
+        "and the circuit is selected from them; use more steps, ig='activations' or "
+        "method='exact' on a shortlist."), stacklevel=3)

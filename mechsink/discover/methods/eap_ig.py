@@ -23,13 +23,14 @@ from mechsink.errors import BadInputError
 
 
 @register("eap-ig")
-def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = False,
+def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = True,
            verify: int = 20, edges: Sequence[int] | None = None) -> EdgeScores:
     """EAP-IG with ``steps`` interpolation points (midpoint rule), on ``"inputs"`` or
     ``"activations"`` (see the module doc). ``edges`` (activations only): interpolate these
     edges alone, the others stay clean (IG along one edge is its exact patch). ``qk_fix``
     replaces the scores of edges into queries and keys by AtP*'s estimate at the clean run
-    (one more backward pass), as :func:`~mechsink.discover.methods.eap.eap` does."""
+    (one more backward pass), as :func:`~mechsink.discover.methods.eap.eap` does; on by
+    default, as in :func:`~mechsink.discover.pipeline.discover` and ``mechsink discover``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInputError(f"steps must be a positive integer, got {steps!r}.")
     if ig not in ("inputs", "activations"):
