@@ -68,3 +68,20 @@ def test_fast_scores_equal_the_per_slot_einsum(request, fixture, metric, how):
         ref += slow_from_grads(run, gr)
     ref = (ref / 2)[run.graph.src, run.graph.dst]
     assert (ig.values - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("fixture, metric, how", CASES)
+def test_exact_edges_on_the_staircase_equal_one_layer_per_batch(request, fixture, metric, how,
+                                                                monkeypatch):
+    """Exact edge patches share a forward across receiver layers (each copy joins at its
+    receiver's block): the same values as batches of one receiver layer."""
+    from mechsink.patching import plan
+
+    model = request.getfixturevalue(fixture)
+    run = GraphRun(model, _tokens(0), metric, **how)
+    edges = torch.randperm(run.graph.n_edges, generator=torch.Generator().manual_seed(0))[:24]
+    stair = run.exact(edges.tolist(), batch_size=7)
+    monkeypatch.setitem(plan.SPEEDUPS, "staircase", False)
+    per_layer = run.exact(edges.tolist(), batch_size=7)
+    assert (stair - per_layer).abs().max() <= 1e-5 * max(1.0, float(per_layer.abs().max()))
+    assert (per_layer - run.clean_value).abs().max() > 1e-6
