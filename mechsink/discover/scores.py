@@ -141,13 +141,14 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
         return _from_slot_deltas(run, grads, deltas)
     g = run.graph
     out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    every = bool(run.positions.all())  # then no position is selected (no copy)
     pos = run.positions.nonzero().flatten().to(run.delta.device)
     steps: dict[int, tuple[list[Tensor], list[int]]] = {}
     for slot in run.slots():
         grad = grads.get(slot.hook)
         if grad is None:  # the metric does not read past this receiver
             continue
-        grad = grad.index_select(1, pos)
+        grad = grad if every else grad.index_select(1, pos)
         if slot.heads and slot.broadcast:
             grad = grad.sum(2)
         cols = grad.transpose(2, 3) if slot.heads and not slot.broadcast else grad.unsqueeze(-1)
@@ -163,7 +164,8 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
     rows = max(1, (64 << 20) // max(1, n_max * p * d * 8))  # delta rows per 64 MiB block
     for lo in range(0, b, rows):
         sl = slice(lo, min(b, lo + rows))
-        delta = run.delta[sl].index_select(1, pos)[:, :, :n_max]  # [rows, pos, u, d]
+        delta = run.delta[sl] if every else run.delta[sl].index_select(1, pos)
+        delta = delta[:, :, :n_max]  # [rows, pos, u, d]
         dm = delta.permute(2, 0, 1, 3).reshape(n_max, -1).double()
         for n, (grad, idx) in stacked.items():
             gm = grad[sl].reshape(-1, grad.shape[-1]).double()
