@@ -142,7 +142,7 @@ def test_eap_ig_on_one_edge_is_its_exact_patch(llama_tiny):
     run = GraphRun(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR)
     ex = exact_scores(run).values
     e = int(ex.abs().argmax())
-    ig = eap_ig(run, steps=24, ig="activations", edges=[e], verify=0).values
+    ig = eap_ig(run, steps=24, ig="activations", edges=[e], qk_fix=False, verify=0).values
     assert float(ig[e]) == pytest.approx(float(ex[e]), rel=2e-3, abs=1e-7)
 
 
@@ -153,13 +153,15 @@ def test_eap_ig_approaches_the_total_effect(gpt2_tiny):
     with torch.no_grad():
         lc, lx = gpt2_tiny(CLEAN), gpt2_tiny(CORR)
     total = float((lx[:, -1, 11] - lx[:, -1, 12]).mean() - (lc[:, -1, 11] - lc[:, -1, 12]).mean())
-    errs = [abs(float(eap_ig(run, steps=s, ig="activations", verify=0).values.sum()) - total)
+    errs = [abs(float(eap_ig(run, steps=s, ig="activations", qk_fix=False,
+                             verify=0).values.sum()) - total)
             for s in (1, 3, 12)]
     assert errs[2] < 0.01 * abs(total) and errs[2] < errs[1] < errs[0]
     # with more steps, the estimate of each edge moves towards the exact patch on average
     run = GraphRun(gpt2_tiny, CLEAN, SinkScore(1), corrupted=CORR)
     ex = exact_scores(run).values
-    err = [float((eap_ig(run, steps=s, verify=0).values - ex).abs().mean()) for s in (1, 6)]
+    err = [float((eap_ig(run, steps=s, qk_fix=False, verify=0).values - ex).abs().mean())
+           for s in (1, 6)]
     assert err[1] < err[0]
 
 

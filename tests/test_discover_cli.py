@@ -144,3 +144,37 @@ def test_discover_has_its_own_seed(monkeypatch, tmp_path: Path) -> None:
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 2 and "stop here" in result.output, result.output
         assert seen[-1] == expected
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "nan"], "--target"),
+    (["--target", "2"], "--target"),
+    (["--target", "-1"], "--target"),
+    (["--edges", "-3"], "--edges"),
+    (["--clean", ""], "--clean prompt 1 is empty"),
+])
+def test_discover_refuses_bad_selection_and_empty_prompts_before_loading(
+        tmp_path: Path, args, message) -> None:
+    """#29 items 15 and 18: --target NaN/2/-1, a negative --edges and an empty --clean."""
+    result = CliRunner().invoke(app, ["discover", "no-such-model", "--metric", "sink_score:1",
+                                      "--out", str(tmp_path / "o"), *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+    assert "position_mean" not in result.output
+    assert not (tmp_path / "o" / "discover.json").exists()
+
+
+def test_discover_refuses_too_many_edges_before_scoring(monkeypatch, tmp_path: Path) -> None:
+    """#29 item 15: --edges beyond the graph's size is refused before any edge is scored,
+    and the message names --edges."""
+    import mechsink.discover.pipeline as pipeline
+
+    def never(*args, **kwargs):
+        raise AssertionError("scored before the selection was checked")
+
+    monkeypatch.setattr(pipeline, "score_edges", never)
+    result = CliRunner().invoke(app, [
+        "discover", "random:llama-tiny", "--metric", "massive_value:1:0:3", "--method", "eap",
+        "--n", "2", "--seq-len", "6", "--edges", "100000", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "--edges" in result.output, result.output
+    assert "(the graph's edges)" in result.output
+    assert not (tmp_path / "o" / "discover.json").exists()

@@ -264,3 +264,24 @@ def test_batch_size_does_not_change_path_values(llama_tiny, batch_size):
                      batch_size=batch_size)
     assert (got.values - ref.values).abs().max() <= 1e-5
     assert (ref.values - ref.clean_value).abs().max() > 1e-4
+
+
+def test_gpt2_senders_of_one_layer_share_a_batch_of_one_prompt():
+    """#29 item 7: on a GPT-2 model with one prompt, two senders of a layer in one batch fed
+    transformers' Conv1D a stride-0 tensor ("view size is not compatible"). Each sender in a
+    batch of its own is the reference."""
+    model = load_model("organism:bb-gpt2-tiny", device="cpu")
+    tokens = torch.randint(1, int(model.cfg.d_vocab), (1, 6), generator=torch.Generator()
+                           .manual_seed(0))
+    senders = ["L0H0", "L0H1", "L0N1", "L0N2", "MLP0"]
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return logits[0, -1].logsumexp(-1)
+
+    for receivers in (["metric"], ["MLP1"]):
+        got = path_patch(model, tokens, None, senders, receivers, metric,
+                         ablation="zero")  # the default batch size
+        alone = path_patch(model, tokens, None, senders, receivers, metric,
+                           ablation="zero", batch_size=1)
+        assert (got.values - alone.values).abs().max() <= 1e-5
+        assert (got.values - got.clean_value).abs().max() > 1e-6

@@ -513,6 +513,7 @@ def discover(
     another registered method), pick a circuit and draw its faithfulness curves."""
     from mechsink.discover import METHODS
     from mechsink.discover import discover as run_discovery
+    from mechsink.discover.pipeline import check_selection
     from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
     from mechsink.model import load_model
@@ -538,6 +539,12 @@ def discover(
             parse_metric(metric, None)
         if steps < 1 or verify < 0 or n < 1:
             raise MechsinkError("--steps and --n must be positive, --verify non-negative.")
+        for flag, texts in (("--clean", clean), ("--corrupted", corrupted)):
+            empty = [i for i, t in enumerate(texts or [], 1) if not t.strip()]
+            if empty:
+                raise MechsinkError(f"{flag} prompt {empty[0]} is empty: give text (or leave "
+                                    "--clean out for --n natural prompts of --seq-len tokens).")
+        check_selection(edges, target)  # --edges against the graph's size once it is built
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
         folder = check_writable(out)

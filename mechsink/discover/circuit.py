@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mechsink.discover.graph import Graph
 from mechsink.discover.run import GraphRun
-from mechsink.discover.scores import EdgeScores
+from mechsink.discover.scores import EdgeScores, json_float
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json
 
@@ -65,10 +65,11 @@ class Circuit:
                                    "sender": g.senders[int(g.src[e])].name,
                                    "receiver": g.receivers[int(g.dst[e])].name}
             if self.scores is not None:
-                row["score"] = float(self.scores[e])
+                row["score"] = json_float(self.scores[e])
             rows.append(row)
+        faith = None if self.faithfulness is None else json_float(self.faithfulness)
         return {"schema": SCHEMA, "how": self.how, "n_edges": len(self.edges),
-                "faithfulness": self.faithfulness, "graph": g.to_dict(), "edges": rows,
+                "faithfulness": faith, "graph": g.to_dict(), "edges": rows,
                 "meta": self.meta}
 
     def save(self, path: str | Path) -> Path:

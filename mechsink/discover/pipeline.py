@@ -16,7 +16,7 @@ from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
 from mechsink.discover.curves import Curve, curve, default_sizes
 from mechsink.discover.methods import get, options_for, score_edges
 from mechsink.discover.run import GraphRun
-from mechsink.discover.scores import EdgeScores
+from mechsink.discover.scores import EdgeScores, fmt, strict_json
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.names import explicit_bos
@@ -24,6 +24,8 @@ from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import Metric
 
 SCHEMA = "mechsink-discover/1"
+NON_FINITE = ("undefined: faithfulness where m(clean) equals m(every edge corrupted), or a "
+              "correlation of fewer than two or constant values")
 
 
 @dataclass
@@ -36,8 +38,16 @@ class Discovery:
     meta: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self, *, top: int = 500) -> dict[str, Any]:
-        return {"schema": SCHEMA, **self.meta, "scores": self.scores.to_dict(top=top),
-                "circuit": self.circuit.to_dict(), "curves": [c.to_dict() for c in self.curves]}
+        """JSON-ready and strict: a number that is not finite (a faithfulness whose clean and
+        empty values coincide, a correlation of constant values) is ``null``, and
+        ``non_finite`` lists where and why."""
+        data, paths = strict_json(
+            {"schema": SCHEMA, **self.meta, "scores": self.scores.to_dict(top=top),
+             "circuit": self.circuit.to_dict(), "curves": [c.to_dict() for c in self.curves]},
+            NON_FINITE)
+        if paths:
+            data["non_finite"] = {"paths": paths, "reason": NON_FINITE}
+        return data
 
     def summary(self) -> str:
         return summary(self.to_dict(top=20))
@@ -85,9 +95,11 @@ def discover(
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
+    check_selection(n_edges, target)
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed)
+    check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
     kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig})
     scores = score_edges(run, method, **kw)
     order = scores.order().tolist()
@@ -107,6 +119,23 @@ def discover(
     meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
         "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges}
     return Discovery(scores, circuit, curves, meta)
+
+
+def check_selection(n_edges: Any, target: Any, n_total: int | None = None) -> None:
+    """The circuit's size ``n_edges`` (``--edges``; None or an integer in 0..``n_total``, the
+    graph's edge count once known) and ``target`` (``--target``: a faithfulness in (0, 1]),
+    checked before any scoring; the messages name both spellings."""
+    if (isinstance(target, bool) or not isinstance(target, (int, float))
+            or not math.isfinite(target) or not 0 < target <= 1):
+        raise BadInputError(f"target (--target) must be a faithfulness in (0, 1], got "
+                            f"{target!r}.")
+    if n_edges is None:
+        return
+    top = "" if n_total is None else f"..{n_total} (the graph's edges)"
+    if (isinstance(n_edges, bool) or not isinstance(n_edges, int) or n_edges < 0
+            or (n_total is not None and n_edges > n_total)):
+        raise BadInputError(f"n_edges (--edges) must be an integer in 0{top or ' or more'}, "
+                            f"got {n_edges!r}.")
 
 
 def _positions(run: GraphRun, ablation: str) -> list[int] | None:
@@ -132,24 +161,23 @@ def summary(data: dict[str, Any]) -> str:
                                     s["edges"][0] else ""),
              "|---|---|" + ("---|" if s["edges"] and "first_order" in s["edges"][0] else "")]
     for e in s["edges"][:15]:
-        fo = f" {e['first_order']:.4g} |" if "first_order" in e else ""
-        lines.append(f"| {e['edge']} | {e['score']:.4g} |{fo}")
+        fo = f" {fmt(e['first_order'], '.4g')} |" if "first_order" in e else ""
+        lines.append(f"| {e['edge']} | {fmt(e['score'], '.4g')} |{fo}")
     cs = s.get("check_summary") or {}
     if cs:
         lines += ["", f"Top {cs['k']} edges re-patched exactly: Spearman "
-                  f"{cs['score']['spearman']:.3f}, max |error| "
-                  f"{cs['score']['max_abs_error']:.3g} (first order: Spearman "
-                  f"{cs['first_order']['spearman']:.3f}, max |error| "
-                  f"{cs['first_order']['max_abs_error']:.3g})."]
+                  f"{fmt(cs['score']['spearman'])}, max |error| "
+                  f"{fmt(cs['score']['max_abs_error'], '.3g')} (first order: Spearman "
+                  f"{fmt(cs['first_order']['spearman'])}, max |error| "
+                  f"{fmt(cs['first_order']['max_abs_error'], '.3g')})."]
     c = data["circuit"]
-    f = c.get("faithfulness")
     lines += ["", f"Circuit: {c['n_edges']} edges ({c['how']}), faithfulness "
-              f"{'n/a' if f is None or (isinstance(f, float) and math.isnan(f)) else f'{f:.3f}'}",
+              f"{fmt(c.get('faithfulness'))}",
               "", "| curve | ablation | AUC | random AUC |", "|---|---|---|---|"]
     for cv in data["curves"]:
-        lines.append(f"| {cv['label']} | {cv['ablation']} | {cv['auc']:.3f} | "
-                     f"{cv['random_auc']:.3f} |")
+        lines.append(f"| {cv['label']} | {cv['ablation']} | {fmt(cv['auc'])} | "
+                     f"{fmt(cv['random_auc'])} |")
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["Discovery", "default_sizes", "discover", "summary"]
+__all__ = ["Discovery", "check_selection", "default_sizes", "discover", "summary"]

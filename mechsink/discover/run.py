@@ -189,6 +189,10 @@ class GraphRun:
             if not -seq_len <= p < seq_len:
                 raise BadInputError(f"position {p} is outside 0..{seq_len - 1}.")
             mask[p] = True
+        if abl is not None and abl.kind == "position_mean" and seq_len < 2:
+            raise BadInputError("position_mean ablation is the mean over the positions not "
+                                f"ablated: the prompts are {seq_len} token long (an empty "
+                                "prompt is BOS alone); give prompts of at least 2 tokens.")
         if abl is not None and abl.kind == "position_mean" and bool(mask.all()):
             raise BadInputError("position_mean needs at least one position left alone.")
         return mask
@@ -267,9 +271,10 @@ class GraphRun:
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Run ``copies`` stacked forwards, copy ``c`` with edge coefficients ``coeffs[c]``.
 
-        Returns the metric per copy ``[copies]``, and (``with_grad``, one copy only) the
-        gradient of the metric at each receiver hook (and at ``pattern_layers``' attention
-        patterns) and the senders' run deltas ``w_corr - w_run`` per hook (``keep_writes``).
+        Returns the metric per copy ``[copies]``, and (``with_grad``) the gradient of each
+        copy's metric at each receiver hook (rows ``c * batch ..``; and at
+        ``pattern_layers``' attention patterns) and the senders' run deltas ``w_corr - w_run``
+        per hook (``keep_writes``, one copy only).
         """
         copies = coeffs.shape[0]
         grads: dict[str, Tensor] = {}
@@ -301,22 +306,29 @@ class GraphRun:
         g = self.graph
         edges = [int(e) for e in edges]
         out = torch.empty(len(edges), dtype=torch.float64)
-        by_start: dict[int, list[int]] = {}
-        for i, e in enumerate(edges):
-            r = g.receivers[int(g.dst[e])]
-            by_start.setdefault(g.receiver_layer(r), []).append(i)
+        layer = [g.receiver_layer(g.receivers[int(g.dst[e])]) for e in edges]
+        order = sorted(range(len(edges)), key=lambda i: layer[i])
         first = engine.reused_prefix(self.clean, self.first_position)
         per = batch_size or plan.copies_per_batch(
             self.model, self.batch, self.seq_len, first, plan.logit_positions(self.needs),
             memory_budget=self.memory_budget)
+        # the staircase: a batch holds edges of several receiver layers, each copy joining
+        # the forward at its receiver's block (without it: one receiver layer per batch)
+        batches: list[list[int]] = []
+        if plan.staircase():
+            batches = [order[lo:lo + per] for lo in range(0, len(order), per)]
+        else:
+            for lay in sorted(set(layer)):
+                same = [i for i in order if layer[i] == lay]
+                batches += [same[lo:lo + per] for lo in range(0, len(same), per)]
         with torch.no_grad(), graph_mode(self.model):
-            for start, idx in sorted(by_start.items()):
-                for lo in range(0, len(idx), per):
-                    chunk = idx[lo:lo + per]
-                    out[chunk] = self._exact_batch(start, [edges[i] for i in chunk], first)
+            for chunk in batches:
+                joins = [layer[i] for i in chunk]
+                out[chunk] = self._exact_batch(joins, [edges[i] for i in chunk], first)
         return out
 
-    def _exact_batch(self, start: int, edges: list[int], first: int) -> Tensor:
+    def _exact_batch(self, joins: list[int], edges: list[int], first: int) -> Tensor:
+        """One forward for ``edges``, copy ``c`` joining at block ``joins[c]`` (sorted)."""
         g, b = self.graph, self.batch
         per_hook: dict[str, list[tuple[int, int | None, int]]] = {}
         for c, e in enumerate(edges):
@@ -339,9 +351,11 @@ class GraphRun:
             return hook
 
         hooks = [(h, patch(items)) for h, items in per_hook.items()]
+        start = joins[0]
         resid = self.clean.acts[act_name("resid_pre", start)]
         vals = engine.run_patched(self.model, self.clean, [self.metric], self.needs, resid,
                                   start, len(edges), hooks, first=first,
+                                  joins=None if len(set(joins)) == 1 else joins,
                                   context="on the edge-patched run")
         return torch.stack(vals[0])
 

@@ -12,6 +12,9 @@ highest-scored edges exactly and reports how far each estimate was).
 
 from __future__ import annotations
 
+import math
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +25,7 @@ from torch import Tensor
 from mechsink.discover.graph import Graph
 from mechsink.discover.qkfix import qk_fixed
 from mechsink.discover.run import GraphRun
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MechsinkWarning
 from mechsink.patching.attribution import correlation
 
 
@@ -62,8 +65,10 @@ class EdgeScores:
                 f"<table><tr><th>edge</th><th>score</th></tr>{rows}</table></div>")
 
     def order(self) -> Tensor:
-        """Edges from the largest |score| down (ties keep graph order)."""
-        return torch.argsort(self.values.abs(), descending=True, stable=True)
+        """Edges from the largest |score| down (ties keep graph order; edges without a
+        finite score, e.g. not scored by ``exact(edges=...)``, last)."""
+        key = torch.where(torch.isfinite(self.values), self.values.abs(), -1.0)
+        return torch.argsort(key, descending=True, stable=True)
 
     def top(self, n: int) -> list[tuple[str, float]]:
         """The ``n`` highest-|score| edges with their scores."""
@@ -79,36 +84,123 @@ class EdgeScores:
         out: dict[str, Any] = {"k": len(self.checks)}
         for key in ("score", "first_order"):
             est = torch.tensor([c[key] for c in self.checks], dtype=torch.float64)
-            out[key] = {"spearman": correlation(est, exact, "spearman"),
-                        "max_abs_error": float((est - exact).abs().max())}
+            rho = json_float(correlation(est, exact, "spearman"))
+            out[key] = {"spearman": rho, "max_abs_error": float((est - exact).abs().max())}
+            if rho is None:
+                out[key]["reason"] = "fewer than two edges, or one side constant"
         return out
 
     def to_dict(self, *, top: int | None = None) -> dict[str, Any]:
+        """JSON-ready (strict: an edge without a finite score has ``"score": null`` and a
+        ``"reason"``)."""
         order = self.order() if top is None else self.order()[:top]
+        rows = []
+        for e in order.tolist():
+            row: dict[str, Any] = {"edge": self.graph.edge_names[e],
+                                   "score": json_float(self.values[e])}
+            if row["score"] is None:
+                row["reason"] = NOT_SCORED
+            if self.first_order is not None:
+                row["first_order"] = json_float(self.first_order[e])
+            rows.append(row)
         return {
             "method": self.method, "metric": self.metric, "clean_value": self.clean_value,
             "corrupted_value": self.corrupted_value, "settings": self.settings,
-            "graph": self.graph.to_dict(),
-            "edges": [{"edge": self.graph.edge_names[int(e)], "score": float(self.values[e]),
-                       **({} if self.first_order is None else
-                          {"first_order": float(self.first_order[e])})} for e in order],
+            "graph": self.graph.to_dict(), "edges": rows,
             "checks": self.checks, "check_summary": self.check_summary(),
         }
+
+
+#: why an edge's score is ``null`` in JSON (scores that turn non-finite are refused earlier)
+NOT_SCORED = "not scored (the method scored a subset of the edges)"
+
+
+def json_float(x: Any) -> float | None:
+    """``float(x)``, or None when it is not finite (JSON has no NaN)."""
+    f = float(x)
+    return f if math.isfinite(f) else None
+
+
+def strict_json(data: Any, reason: str, where: str = "") -> tuple[Any, list[str]]:
+    """``data`` with every non-finite float replaced by None, and the JSON paths replaced
+    (so a writer can add ``{"non_finite": {"paths": ..., "reason": reason}}``)."""
+    paths: list[str] = []
+
+    def walk(x: Any, at: str) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            paths.append(at)
+            return None
+        if isinstance(x, dict):
+            return {k: walk(v, f"{at}.{k}" if at else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [walk(v, f"{at}[{i}]") for i, v in enumerate(x)]
+        return x
+
+    return walk(data, where), paths
+
+
+def fmt(x: float | None, spec: str = ".3f") -> str:
+    """A number for a summary; ``n/a`` for None or NaN."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def from_grads(run: GraphRun, grads: dict[str, Tensor],
                deltas: dict[str, Tensor] | None = None) -> Float[Tensor, "sender receiver"]:
     """``delta_u . grad_v`` summed over batch and positions, for every sender/receiver pair
     (``grads`` per receiver hook, from :meth:`GraphRun.run_coeffs`; ``deltas`` per hook with
-    ``keep_writes``, else the run's own ``delta``)."""
+    ``keep_writes``, else the run's own ``delta``).
+
+    With the run's own delta this is one matrix product per staircase step: the receiver
+    slots that read the same prefix of senders (a layer's q, k and v; its MLP; the metric)
+    have their gradients stacked as columns, and ``delta`` (float64, read once, only at the
+    corrupted positions: it is exactly 0 elsewhere) multiplies them all at once."""
+    if deltas is not None:
+        return _from_slot_deltas(run, grads, deltas)
     g = run.graph
     out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    every = bool(run.positions.all())  # then no position is selected (no copy)
+    pos = run.positions.nonzero().flatten().to(run.delta.device)
+    steps: dict[int, tuple[list[Tensor], list[int]]] = {}
     for slot in run.slots():
         grad = grads.get(slot.hook)
         if grad is None:  # the metric does not read past this receiver
             continue
+        grad = grad if every else grad.index_select(1, pos)
+        if slot.heads and slot.broadcast:
+            grad = grad.sum(2)
+        cols = grad.transpose(2, 3) if slot.heads and not slot.broadcast else grad.unsqueeze(-1)
         n_s = g.n_senders_before(g.receivers[slot.cols[0]])
-        d = (run.delta[:, :, :n_s] if deltas is None else deltas[slot.hook]).double()
+        mats, idx = steps.setdefault(n_s, ([], []))
+        mats.append(cols)  # [batch, pos, d_model, columns]
+        idx += slot.cols if slot.heads and not slot.broadcast else slot.cols[:1]
+    if not steps:
+        return out
+    n_max = max(steps)
+    stacked = {n: (torch.cat(m, -1), torch.tensor(i)) for n, (m, i) in steps.items()}
+    b, p, d = run.batch, pos.numel(), run.delta.shape[-1]
+    rows = max(1, (64 << 20) // max(1, n_max * p * d * 8))  # delta rows per 64 MiB block
+    for lo in range(0, b, rows):
+        sl = slice(lo, min(b, lo + rows))
+        delta = run.delta[sl] if every else run.delta[sl].index_select(1, pos)
+        delta = delta[:, :, :n_max]  # [rows, pos, u, d]
+        dm = delta.permute(2, 0, 1, 3).reshape(n_max, -1).double()
+        for n, (grad, idx) in stacked.items():
+            gm = grad[sl].reshape(-1, grad.shape[-1]).double()
+            out[:n].index_add_(1, idx, dm[:n] @ gm)
+    return out
+
+
+def _from_slot_deltas(run: GraphRun, grads: dict[str, Tensor],
+                      deltas: dict[str, Tensor]) -> Float[Tensor, "sender receiver"]:
+    """:func:`from_grads` with each slot's own senders' deltas (``keep_writes``)."""
+    g = run.graph
+    out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+    for slot in run.slots():
+        grad = grads.get(slot.hook)
+        if grad is None:
+            continue
+        n_s = g.n_senders_before(g.receivers[slot.cols[0]])
+        d = deltas[slot.hook].double()
         grad = grad.double()
         if slot.heads and slot.broadcast:
             grad = grad.sum(2)
@@ -134,13 +226,30 @@ def clean_gradients(run: GraphRun) -> dict[str, Tensor]:
     return run.run_coeffs(coeffs, with_grad=True, pattern_layers=layers)[1]
 
 
-def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any]) -> EdgeScores:
-    """:class:`EdgeScores` of ``values`` with the run's settings (corruption, positions)."""
+def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any], *,
+           scored: Sequence[int] | None = None) -> EdgeScores:
+    """:class:`EdgeScores` of ``values`` with the run's settings (corruption, positions).
+    Every scored edge (``scored``, default all) must have a finite score: a clear error
+    otherwise (non-finite weights or activations), never NaN scores."""
+    check_finite(run.graph, values, scored)
     settings = {**settings, "ablation": None if run.ablation is None else str(run.ablation),
                 "positions": run.positions.nonzero().flatten().tolist(),
                 "batch": run.batch, "seq_len": run.seq_len}
     return EdgeScores(run.graph, values, method, run.metric.name, run.clean_value,
                       run.corrupted_value, settings)
+
+
+def check_finite(graph: Graph, values: Tensor, scored: Sequence[int] | None = None) -> None:
+    """Refuse edge scores that are not finite (among ``scored``), naming how many and the
+    first: the model's activations or gradients were not finite somewhere."""
+    idx = torch.arange(values.numel()) if scored is None else torch.as_tensor(
+        list(scored), dtype=torch.long)
+    bad = idx[~torch.isfinite(values[idx])]
+    if bad.numel():
+        raise BadInputError(
+            f"{bad.numel()} of {idx.numel()} edge scores are not finite (first: "
+            f"{graph.edge_names[int(bad[0])]} = {float(values[bad[0]])}): the model's "
+            "activations or gradients are not finite there; check its weights for inf/NaN.")
 
 
 def check_verify(verify: Any) -> None:
@@ -159,6 +268,7 @@ def finish(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
         assert grads is not None
         out.first_order = values.clone()
         out.values = qk_fixed(run, values, grads)
+        check_finite(run.graph, out.values)
     if verify:
         top = out.order()[:verify].tolist()
         exact = run.exact(top) - run.clean_value
@@ -166,4 +276,36 @@ def finish(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
         out.checks = [{"edge": run.graph.edge_names[e], "score": float(out.values[e]),
                        "first_order": float(first[e]), "exact": float(x)}
                       for e, x in zip(top, exact.tolist(), strict=True)]
+        distrust(out, top, exact)
     return out
+
+
+#: the least Spearman correlation of a method's top edges with their exact re-patch that
+#: is trusted (below it the scores warn and the re-patched edges keep their exact scores)
+AGREEMENT_BOUND = 0.5
+#: re-patched edges needed before the correlation is judged
+MIN_CHECKS = 5
+
+
+class UntrustedScoresWarning(MechsinkWarning):
+    """The exact re-patch of a method's top edges disagrees with its scores (Spearman below
+    :data:`AGREEMENT_BOUND`): the ranking is not to be trusted beyond the checked edges."""
+
+
+def distrust(out: EdgeScores, top: list[int], exact: Tensor) -> None:
+    """Warn when the re-check of ``top`` disagrees beyond the bound, and then rank those
+    edges by their exact scores (``settings["exact_where_checked"]``; the estimates stay in
+    ``checks``), so a circuit selected from ``out`` uses the exact values where they exist."""
+    if len(top) < MIN_CHECKS:
+        return
+    rho = correlation(out.values[top], exact, "spearman")
+    if not rho < AGREEMENT_BOUND:  # NaN (constant values): nothing to judge
+        return
+    out.values = out.values.clone()
+    out.values[torch.as_tensor(top)] = exact.to(out.values.dtype)
+    out.settings["exact_where_checked"] = True
+    warnings.warn(UntrustedScoresWarning(
+        f"{out.method}'s top {len(top)} edges agree poorly with their exact re-patch "
+        f"(Spearman {rho:.2f} < {AGREEMENT_BOUND}): those edges now carry their exact scores "
+        "and the circuit is selected from them; use more steps, ig='activations' or "
+        "method='exact' on a shortlist."), stacklevel=3)

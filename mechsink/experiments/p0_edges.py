@@ -39,6 +39,8 @@ from mechsink.discover import (
     top_n,
 )
 from mechsink.discover.node_search import minimal_circuit, single_effects
+from mechsink.discover.pipeline import NON_FINITE
+from mechsink.discover.scores import strict_json
 from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.readout import dominant_super_neuron
@@ -133,6 +135,9 @@ def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int =
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
             "seq_len": seq_len,
             "super_neuron": {k: getattr(sn, k) for k in ("layer", "neuron", "channel")}, **part}
+    data, paths = strict_json(data, NON_FINITE)  # JSON has no NaN: null, and where and why
+    if paths:
+        data["non_finite"] = {"paths": paths, "reason": NON_FINITE}
     return ExperimentResult("p0_edges", data)
 
 
@@ -148,11 +153,12 @@ def summary(data: dict[str, Any]) -> str:
              "| edge | score | first order |", "|---|---|---|"]
     for e in data["top_edges"][:12]:
         first = e.get("first_order", e["score"])
-        lines.append(f"| {e['edge']} | {e['score']:.4g} | {first:.4g} |")
+        lines.append(f"| {e['edge']} | {_f(e['score'], '.4g')} | {_f(first, '.4g')} |")
     cs = data["check_summary"]
     if cs:
-        lines += ["", f"Top {cs['k']} re-patched exactly: Spearman {cs['score']['spearman']:.3f}"
-                  f" (first order {cs['first_order']['spearman']:.3f}), max |error| "
+        lines += ["", f"Top {cs['k']} re-patched exactly: Spearman "
+                  f"{_f(cs['score']['spearman'])}"
+                  f" (first order {_f(cs['first_order']['spearman'])}), max |error| "
                   f"{cs['score']['max_abs_error']:.3g} (first order "
                   f"{cs['first_order']['max_abs_error']:.3g})."]
     qk = data.get("qk_fix") or {}
@@ -172,8 +178,8 @@ def summary(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _f(x: float | None) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+def _f(x: float | None, spec: str = ".3f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
 def figure(data: dict[str, Any], path: Path) -> Path:

@@ -385,7 +385,9 @@ def _freeze_hooks(
 
 def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, n: int) -> HookFn:
     """Copy ``i`` gets ``stacked[i]`` (or ``clean`` when None), except where ``keep`` is True,
-    where the computed value stays."""
+    where the computed value stays. The value returned is contiguous: with a batch of one
+    the broadcast clean value reshapes to a stride-0 view, which transformers' ``Conv1D``
+    (GPT-2's ``c_proj`` reads ``hook_post``) cannot ``view``."""
 
     def hook(act: Tensor, hook: Any) -> Tensor:
         if stacked is None:
@@ -397,6 +399,6 @@ def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, n: int) -> 
         else:
             view = act.reshape(n, -1, *act.shape[1:])
             new = torch.where(keep, view, base).reshape(act.shape)
-        return write_in_place(act, new.to(act.dtype))
+        return write_in_place(act, new.to(act.dtype).contiguous())
 
     return hook

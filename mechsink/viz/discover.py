@@ -49,7 +49,7 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
     n_heads, n_layers = int(g["n_heads"]), max(1, int(g["n_layers"]))
     group = n_heads // int(g["n_kv_heads"])
     edges = circuit["edges"][:max_edges]
-    scores = [abs(e.get("score", 1.0)) for e in edges] or [1.0]
+    scores = [abs(_num(e.get("score", 1.0), 0.0)) for e in edges] or [1.0]
     top = max(scores) or 1.0
     with styled():
         fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.7 * n_layers), max(3.0, 0.35 * n_heads
@@ -64,7 +64,7 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
                                n_layers, group)
             if kind in "qkv":  # the receiving head reads at its left edge
                 x1 -= 0.25
-            s = e.get("score", 1.0)
+            s = _num(e.get("score", 1.0), 0.0)  # null: an edge without a score
             ax.plot([x0, x1], [y0, y1], color=KIND_COLOURS[kind], alpha=0.75,
                     linewidth=0.5 + 3.5 * abs(s) / top, linestyle="-" if s >= 0 else "--",
                     label=kind if kind not in used else None, zorder=1)
@@ -94,6 +94,11 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
         return Path(save(fig, Path(path)))
 
 
+def _num(x: float | None, none: float = math.nan) -> float:
+    """A number from JSON, ``none`` for null."""
+    return none if x is None else float(x)
+
+
 def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
     """Faithfulness against edges kept: one panel per ablation, every ranking in it, each with
     its random baseline (mean +- one standard deviation)."""
@@ -101,6 +106,10 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
 
     from mechsink.viz.style import PALETTE, save, styled
 
+    # JSON writes undefined values as null: NaN here (a gap in the line)
+    curves = [{**c, **{k: [_num(v) for v in c[k]] for k in ("values", "random_mean",
+                                                            "random_std")},
+               "auc": _num(c["auc"]), "random_auc": _num(c["random_auc"])} for c in curves]
     ablations = list(dict.fromkeys(c["ablation"] for c in curves))
     labels = list(dict.fromkeys(c["label"] for c in curves))
     with styled():

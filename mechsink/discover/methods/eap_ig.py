@@ -23,13 +23,14 @@ from mechsink.errors import BadInputError
 
 
 @register("eap-ig")
-def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = False,
+def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = True,
            verify: int = 20, edges: Sequence[int] | None = None) -> EdgeScores:
     """EAP-IG with ``steps`` interpolation points (midpoint rule), on ``"inputs"`` or
     ``"activations"`` (see the module doc). ``edges`` (activations only): interpolate these
     edges alone, the others stay clean (IG along one edge is its exact patch). ``qk_fix``
     replaces the scores of edges into queries and keys by AtP*'s estimate at the clean run
-    (one more backward pass), as :func:`~mechsink.discover.methods.eap.eap` does."""
+    (one more backward pass), as :func:`~mechsink.discover.methods.eap.eap` does; on by
+    default, as in :func:`~mechsink.discover.pipeline.discover` and ``mechsink discover``."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInputError(f"steps must be a positive integer, got {steps!r}.")
     if ig not in ("inputs", "activations"):
@@ -47,13 +48,33 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "inputs", qk_fix: bool = 
         sel = torch.zeros(g.n_edges, dtype=torch.float64)
         sel[torch.as_tensor(list(edges), dtype=torch.long)] = 1.0
         path = g.dense(sel)
-    total = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
-    for k in range(steps):
-        alpha = (k + 0.5) / steps
-        _, grads, deltas = run.run_coeffs((alpha * path).unsqueeze(0), with_grad=True,
-                                          keep_writes=ig == "activations")
-        total += scores.from_grads(run, grads, deltas if ig == "activations" else None)
+    alphas = [(k + 0.5) / steps for k in range(steps)]
+    if ig == "inputs":
+        total = _stacked_steps(run, path, alphas)
+    else:
+        total = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
+        for alpha in alphas:
+            _, grads, deltas = run.run_coeffs((alpha * path).unsqueeze(0), with_grad=True,
+                                              keep_writes=True)
+            total += scores.from_grads(run, grads, deltas)
     values = scores.on_edges(run, total / steps)
     grads_clean = scores.clean_gradients(run) if qk_fix else None
     return scores.finish(run, values, "eap-ig", {"steps": steps, "ig": ig}, qk_fix, verify,
                   grads_clean)
+
+
+def _stacked_steps(run: GraphRun, path: torch.Tensor, alphas: list[float]) -> torch.Tensor:
+    """``sum_k delta . grad_k`` over the steps, on inputs: the steps run as stacked copies of
+    one forward/backward (as many as the memory budget allows), and since every step
+    multiplies the same clean-to-corrupted delta, their gradients are summed (float64) before
+    the one product with it."""
+    b, per = run.batch, run.copies_per_forward()
+    summed: dict[str, torch.Tensor] = {}
+    for lo in range(0, len(alphas), per):
+        chunk = alphas[lo:lo + per]
+        coeffs = torch.stack([a * path for a in chunk])
+        _, grads, _ = run.run_coeffs(coeffs, with_grad=True)
+        for name, grad in grads.items():
+            part = grad.view(len(chunk), b, *grad.shape[1:]).double().sum(0)
+            summed[name] = part if name not in summed else summed[name] + part
+    return scores.from_grads(run, summed)

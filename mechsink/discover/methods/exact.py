@@ -21,4 +21,4 @@ def exact_scores(run: GraphRun, *, batch_size: int | None = None,
     idx = list(range(g.n_edges)) if edges is None else [int(e) for e in edges]
     values = torch.full((g.n_edges,), math.nan, dtype=torch.float64)
     values[idx] = run.exact(idx, batch_size=batch_size) - run.clean_value
-    return result(run, values, "exact", {})
+    return result(run, values, "exact", {}, scored=idx)
