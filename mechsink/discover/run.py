@@ -315,7 +315,7 @@ class GraphRun:
         # the staircase: a batch holds edges of several receiver layers, each copy joining
         # the forward at its receiver's block (without it: one receiver layer per batch)
         batches: list[list[int]] = []
-        if plan.staircase():
+        if plan.staircase(self.model):
             batches = [order[lo:lo + per] for lo in range(0, len(order), per)]
         else:
             for lay in sorted(set(layer)):

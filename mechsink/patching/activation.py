@@ -145,7 +145,7 @@ def _sweep(
                                         memory_budget):
             layers = [u[0] for u in chunk]
             start = layers[0] if SPEEDUPS["start_at_patched_layer"] else 0
-            joins = layers if plan.staircase() else None
+            joins = layers if plan.staircase(model) else None
             hooks = []
             for layer in sorted(set(layers)):
                 units = [u for u in chunk if u[0] == layer]

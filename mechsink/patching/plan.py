@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mechsink.model import n_kv_heads
+from mechsink.model import capabilities, n_kv_heads, true_d_mlp
 from mechsink.patching.engine import SPEEDUPS, Setup, last_layer_read
 from mechsink.patching.metrics import ALL, Needs
 
@@ -57,7 +57,8 @@ def bytes_per_copy(model: Any, batch: int, seq_len: int, first: int, logit_posit
     cfg = model.cfg
     elt = torch.tensor([], dtype=getattr(cfg, "dtype", torch.float32)).element_size()
     n_heads, d_head, d_model = int(cfg.n_heads), int(cfg.d_head), int(cfg.d_model)
-    d_mlp, n_layers, vocab = int(cfg.d_mlp or 4 * d_model), int(cfg.n_layers), int(cfg.d_vocab)
+    d_mlp = int(true_d_mlp(model) or 4 * d_model)  # OPT/XGLM: cfg.d_mlp is not their ffn_dim
+    n_layers, vocab = int(cfg.n_layers), int(cfg.d_vocab)
     suffix = seq_len - first
     per_token = 8 * d_model + 4 * n_heads * d_head + 2 * n_heads * seq_len + 3 * d_mlp
     kv = 2 * n_layers * n_kv_heads(model) * d_head * seq_len
@@ -84,9 +85,13 @@ def copies_per_batch(
     return max(1, min(by_tokens, by_memory))
 
 
-def staircase() -> bool:
-    """Whether patches at different layers share a forward (needs start_at_patched_layer)."""
-    return SPEEDUPS["staircase"] and SPEEDUPS["start_at_patched_layer"]
+def staircase(model: Any = None) -> bool:
+    """Whether patches at different layers share a forward (needs start_at_patched_layer, and
+    a model whose batch may grow mid-forward: probed once per model by
+    :func:`mechsink.model.capabilities`; Bloom, GPTBigCode, XGLM and OpenAI-GPT cannot)."""
+    if not (SPEEDUPS["staircase"] and SPEEDUPS["start_at_patched_layer"]):
+        return False
+    return model is None or capabilities(model).grows_at("hook_resid_pre")
 
 
 def chunks(
@@ -112,7 +117,7 @@ def chunks(
     first = {u: first_position(u) if reuse else 0 for u in units}
     groups: dict[int, list[Unit]] = {}
     for u in units:
-        groups.setdefault(u[0] if not staircase() else 0, []).append(u)
+        groups.setdefault(u[0] if not staircase(model) else 0, []).append(u)
 
     def cap(p: int) -> int:
         if batch_size is not None:
