@@ -571,8 +571,9 @@ def discover(
                                       n_edges=edges, target=target, curve_ablations=extra,
                                       seed=discovery_seed)
             found.meta["model"] = model
-            found.save(folder)
-            draw_discovery(folder)
+            with _result_set(folder) as staging:  # JSON and figures whole, or not at all
+                found.save(staging)
+                draw_discovery(staging)
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)

@@ -25,7 +25,7 @@ from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
 HookFn = Callable[..., Any]
-MetricLike = Metric | Callable[[Tensor], Tensor]
+MetricLike = Metric | Callable[[Tensor], Tensor] | str  # str: a metric string (the CLI form)
 SIGNATURE = "activation_patch(model, clean, corrupted, site, metric, *, direction=..., ...)"
 
 
@@ -82,8 +82,9 @@ def activation_patch(
     resolved = parsed.resolve(model, clean_t.shape[1])
     # a patch after the last layer the metrics read leaves them unchanged: such units are not
     # run, and nothing after that layer is recorded
-    last = engine.last_layer_read(model, engine.prepare_metrics(model, metric,
-                                                                 clean_t.shape[1])[1])
+    corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
+    last = engine.last_layer_read(model, engine.prepare_metrics(
+        model, metric, clean_t.shape[1], clean_t, corr_t)[1])
     layers = sorted(x for x in set(resolved.axis_values()["layer"]) if x <= last)
     site_names = {resolved.hook_name(layer) for layer in layers}
     resid_names = {act_name("resid_pre", layer) for layer in [0, *layers]}

@@ -25,7 +25,7 @@ from mechsink.patching.metrics import Metric
 from mechsink.patching.result import PatchResult
 from mechsink.patching.sites import Site, parse_site
 
-MetricLike = Metric | Callable[[Tensor], Tensor]
+MetricLike = Metric | Callable[[Tensor], Tensor] | str  # str: a metric string (the CLI form)
 
 
 def attribution_patch(

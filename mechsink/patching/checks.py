@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from mechsink.errors import BadInputError, MechsinkWarning
+from mechsink.errors import BadInputError, MechsinkWarning, warn
 
 #: within this of a metric's bound on both inputs, a sweep cannot move the metric: warned
 SATURATION_MARGIN = 1e-3
@@ -83,10 +82,10 @@ def check_site_and_metric(fn: str, signature: str, site: Any, metric: Any) -> No
                             f"{signature}.")
     items = metric if isinstance(metric, (list, tuple)) else [metric]
     for m in items:
-        if not callable(m):
-            raise BadInputError(f"{fn}: metric must be a mechsink Metric or a callable on "
-                                f"logits, got a {type(m).__name__}. The signature is "
-                                f"{signature}.")
+        if not (callable(m) or isinstance(m, str)):
+            raise BadInputError(f"{fn}: metric must be a mechsink Metric, a metric string "
+                                f"('massive_value:11:0:507') or a callable on logits, got a "
+                                f"{type(m).__name__}. The signature is {signature}.")
 
 
 def noise_floor(scale: float, dtype: torch.dtype | None = None) -> float:
@@ -129,14 +128,14 @@ def check_saturation(metric: Any, clean: float, corrupted: float | None) -> None
         if bound is None or not math.isfinite(bound):
             continue
         if abs(clean - bound) <= SATURATION_MARGIN and abs(corrupted - bound) <= SATURATION_MARGIN:
-            warnings.warn(
+            warn(
                 f"the metric {getattr(metric, 'name', metric)!r} is {clean:.6g} on the clean "
                 f"input and {corrupted:.6g} on the corrupted one, both within "
                 f"{SATURATION_MARGIN:g} of its bound {bound:g}: it is saturated, so every patch "
                 "will leave it (nearly) unchanged and the sweep will look flat. Pick a metric "
                 "that the corruption moves (another head or layer, a logit metric) or a "
                 "stronger corruption.",
-                SaturatedMetricWarning, stacklevel=4,
+                SaturatedMetricWarning,
             )
             return
 

@@ -209,14 +209,17 @@ class Setup:
 
 
 def prepare_metrics(
-    model: Any, metrics: Metric | Callable[..., Any] | Sequence[Any], seq_len: int
+    model: Any, metrics: Metric | Callable[..., Any] | str | Sequence[Any], seq_len: int,
+    clean: Tensor | None = None, corrupted: Tensor | None = None,
 ) -> tuple[tuple[Metric, ...], Needs]:
-    """Metrics (one or several) as :class:`Metric` objects, and the union of their needs."""
+    """Metrics (one or several) as :class:`Metric` objects, and the union of their needs;
+    metric strings (``"massive_value:11:0:507"``) are read as the CLI reads them (a bare
+    ``"logit_diff"`` takes its answers from the clean and corrupted tokens)."""
     many = isinstance(metrics, (list, tuple))
     items = list(metrics) if many else [metrics]  # type: ignore[arg-type]
     if not items:
         raise BadInputError("no metric given.")
-    ms = tuple(as_metric(m) for m in items)
+    ms = tuple(as_metric(m, model, clean, corrupted) for m in items)
     needs = Needs()
     for m in ms:
         needs = needs | resolve_needs(model, m, seq_len)
@@ -241,7 +244,7 @@ def setup(
     corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
     if corr_t is not None:
         check_pair(clean_t, corr_t)
-    ms, needs = prepare_metrics(model, metrics, clean_t.shape[1])
+    ms, needs = prepare_metrics(model, metrics, clean_t.shape[1], clean_t, corr_t)
     keep = keep or {}
     base = names_for(model, needs)
     with torch.no_grad():

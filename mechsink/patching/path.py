@@ -72,7 +72,7 @@ from mechsink.patching.nodes import (
 from mechsink.patching.result import PatchResult
 
 HookFn = Callable[..., Any]
-MetricLike = Metric | Callable[[Tensor], Tensor]
+MetricLike = Metric | Callable[[Tensor], Tensor] | str  # str: a metric string (the CLI form)
 __all__ = ["SenderValues", "parse_component", "parse_receiver", "path_patch"]
 
 

@@ -171,8 +171,17 @@ class PatchResult:
         if d.get("schema") != SCHEMA:
             raise ValueError(f"{path} is not a {SCHEMA} file (schema {d.get('schema')!r}).")
         return cls(
-            values=torch.tensor(d["values"], dtype=torch.float64), axes=tuple(d["axes"]),
+            values=torch.tensor(_nan_for_null(d["values"]), dtype=torch.float64),
+            axes=tuple(d["axes"]),
             labels=d["labels"], site=d["site"], metric=d["metric"],
             clean_value=d["clean_value"], corrupted_value=d["corrupted_value"],
             tokens=d["tokens"], meta=d["meta"],
         )
+
+
+def _nan_for_null(values: Any) -> Any:
+    """Nested lists with the ``null`` a non-finite value was written as read back as NaN (the
+    file says why beside them: ``values_reason``)."""
+    if isinstance(values, list):
+        return [_nan_for_null(v) for v in values]
+    return float("nan") if values is None else values
