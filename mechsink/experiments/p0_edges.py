@@ -45,6 +45,7 @@ from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.readout import dominant_super_neuron
 from mechsink.patching import MassiveValue
+from mechsink.settings import check_experiment_settings
 
 FIGURE = "p0_edges.png"
 SCHEMA = "mechsink-p0-edges/1"
@@ -128,6 +129,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int =
         method: str = "eap-ig", steps: int = 5, verify: int = 20, n_random: int = 3,
         target: float = 0.9) -> ExperimentResult:
     """The P0-sink edge circuit on ``n`` natural sequences of ``seq_len`` tokens (with BOS)."""
+    check_experiment_settings("p0_edges", locals())  # before any work, as the CLI does
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     sn = dominant_super_neuron(model, tokens)
     part = edge_part(model, tokens, channel=sn.channel, layer=sn.layer, method=method,
