@@ -203,8 +203,10 @@ def check_writable(folder: str | Path, *, option: str = "--out") -> Path:
     path = Path(folder)
     if path.exists() and not path.is_dir():
         raise BadInputError(f"{option} {path} is a file, not a folder: give a folder path.")
+    new = [p for p in (path, *path.parents) if not p.exists()]  # what mkdir will create
     try:
         path.mkdir(parents=True, exist_ok=True)
+        _created.extend(new)
         fd, probe = tempfile.mkstemp(prefix=".mechsink-probe.", dir=path)
         try:
             os.write(fd, b"probe")
@@ -217,6 +219,23 @@ def check_writable(folder: str | Path, *, option: str = "--out") -> Path:
             f"{option} {path} cannot be written ({why}): choose a folder you can write to."
         ) from exc
     return path
+
+
+_created: list[Path] = []  # folders check_writable made (deepest first), for remove_unused_folders
+
+
+def remove_unused_folders() -> None:
+    """Remove the folders :func:`check_writable` created that are still empty (a command that
+    failed before writing anything leaves no empty ``--out`` folder behind)."""
+    kept = []
+    for folder in sorted(set(_created), key=lambda p: len(p.parts), reverse=True):
+        try:
+            folder.rmdir()  # only when empty; a folder in use stays (a later call may retry)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            kept.append(folder)
+    _created[:] = kept
 
 
 _held: dict[Path, int] = {}  # folders this process holds the lock of -> nesting depth

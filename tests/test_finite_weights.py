@@ -75,5 +75,10 @@ def test_scan_exits_with_one_line_and_writes_nothing(tmp_path):
     assert message.startswith("error: weight ") and message.count("error:") == 1, result.output
     assert BAD in message and "1 non-finite" in message and "Traceback" not in message
     assert result.exception is None or isinstance(result.exception, SystemExit)
-    # no result is written (the command's own check_writable makes the empty folder first)
-    assert not out.exists() or not [p for p in out.rglob("*") if p.is_file()]
+    # nothing is left behind: not even the --out folder the command made before the load
+    assert not out.exists()
+    # a folder that was there before stays
+    out.mkdir()
+    CliRunner().invoke(app, ["scan", f"organism:{folder}", "--out", str(out), "--n", "2",
+                             "--seq-len", "8", "--device", "cpu"])
+    assert out.is_dir()

@@ -39,7 +39,11 @@ def _main() -> None:
 
 
 def fail(exc: MechsinkError) -> None:
-    """Print a mechsink error as one readable message and exit with status 2."""
+    """Print a mechsink error as one readable message and exit with status 2 (an ``--out``
+    folder the command created and left empty is removed)."""
+    from mechsink.io import remove_unused_folders
+
+    remove_unused_folders()
     Console(stderr=True).print(f"[bold red]error:[/] {exc}")
     raise typer.Exit(2)
 
@@ -69,15 +73,22 @@ _check_device = settings.check_device
 
 @contextlib.contextmanager
 def _locked(folder: Path) -> Iterator[None]:
-    """Hold ``folder``'s advisory lock (one writer per folder); a held lock is a clean error."""
-    from mechsink.io import folder_lock
+    """Hold ``folder``'s advisory lock (one writer per folder); a held lock is a clean error.
+    A command that fails under the lock leaves no empty ``--out`` folder it made itself."""
+    from mechsink.io import folder_lock, remove_unused_folders
 
-    with contextlib.ExitStack() as stack:
-        try:
-            stack.enter_context(folder_lock(folder))
-        except MechsinkError as exc:
-            fail(exc)
-        yield
+    done = False
+    try:
+        with contextlib.ExitStack() as stack:
+            try:
+                stack.enter_context(folder_lock(folder))
+            except MechsinkError as exc:
+                fail(exc)
+            yield
+        done = True
+    finally:
+        if not done:  # the lock file is gone now: an untouched new folder is empty again
+            remove_unused_folders()
 
 
 @contextlib.contextmanager
