@@ -247,3 +247,18 @@ def test_census_of_a_mixture_of_experts_measures_all_but_super_neurons(tmp_path)
     assert "key_bias_cosine" in run and "massive_activations" in run
     assert summary_rows(data)[0]["super_neurons"] == []
     census_json(c)  # serialisable
+
+
+def test_census_frame_counts_both_massive_rules():
+    """The frame (and the notebook card drawn from it) shows the layer-median rule too: SmolLM2's
+    channels are massive against the layer's median, not against the token's."""
+    from mechsink.measure.census import census_frame
+
+    act = {"layer": 3, "position": 0, "channel": 7, "max_abs": 900.0}
+    run = {"name": "natural/bos", "sink_rate": 0.5, "sink_rate_no_self": 0.4,
+           "massive_activations": [], "massive_activations_layer_median": [act],
+           "super_neurons": [], "first_token_norm_ratio": [2.0, None]}
+    frame = census_frame({"runs": [run]})
+    row = frame.iloc[0]
+    assert row["massive"] == 0 and row["massive_layer_median"] == 1
+    assert row["massive_layer_median_channels"] == [7]

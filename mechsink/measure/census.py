@@ -470,8 +470,12 @@ def census_frame(data: Mapping[str, Any]) -> Any:
             "sink_rate": row["sink_rate"], "sink_rate_no_self": row["sink_rate_no_self"],
             "top_sink_head": f"L{heads[0]['layer']}H{heads[0]['head']}" if heads else None,
             "top_sink_score": heads[0]["sink_score"] if heads else None,
+            # both rules, as the CLI table shows them: against the token median (Sun et al.)
+            # and against the layer's median (what flags SmolLM2's channels)
             "massive": row["massive"]["count"],
             "massive_channels": row["massive"]["channels"],
+            "massive_layer_median": row["massive_layer_median"]["count"],
+            "massive_layer_median_channels": row["massive_layer_median"]["channels"],
             "super_neurons": len(row["super_neurons"]),
             "norm_ratio_min": None if ratio is None else ratio[0],
             "norm_ratio_max": None if ratio is None else ratio[1],
