@@ -94,11 +94,16 @@ def test_census_bad_input_is_a_clear_error(gpt2_tiny, kwargs, match):
 def test_write_census_is_atomic(small_census, tmp_path):
     target = tmp_path / "out"
     data = small_census.to_dict()
-    data["runs"][0]["sink_rate"] = float("nan")  # not valid JSON: serialising must fail
-    with pytest.raises(ValueError):
+    data["runs"][0]["sink_rate"] = {1: 2, "1": 3}  # keys that collide: serialising must fail
+    with pytest.raises(TypeError):
         write_census(data, target)
     assert not (target / "census.json").exists()
     assert not list(tmp_path.rglob("*.part"))
+    # a non-finite number is strict JSON: null, with the reason beside it (never NaN)
+    data["runs"][0]["sink_rate"] = float("nan")
+    written = json.loads(write_census(data, target).read_text())
+    assert written["runs"][0]["sink_rate"] is None
+    assert "NaN" in written["runs"][0]["sink_rate_reason"]
     (tmp_path / "file").write_text("x")
     with pytest.raises(BadInputError, match="is a file"):
         write_census(small_census, tmp_path / "file")

@@ -195,7 +195,7 @@ def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
     qb, qb_why = (None, "the model has no query bias (b_Q)")
     if has_bq:
         qb, qb_why = _step(folder / "query_bias_dose", key, lambda: query_bias_dose.run(
-            model, model_name=name, n=n, seq_len=seq_len, seed=seed, batch_size=bs),
+            model, model_name=name, n=n, seq_len=seq_len, rotation_seed=seed, batch_size=bs),
             "query_bias_dose")
     first = first_token_table(model, n, seq_len, seed, eps, bs)
     tokens = inputs(model, name, n, seq_len)

@@ -56,14 +56,15 @@ def _verdict(clean: dict[str, float], removed: dict[str, float]) -> tuple[str, s
 
 
 def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int = 32,
-        top: int = 4, doses: Sequence[float] = DEFAULT_DOSES, seed: int = 0,
+        top: int = 4, doses: Sequence[float] = DEFAULT_DOSES, rotation_seed: int = 0,
         batch_size: int = 8) -> ExperimentResult:
     """Dose each part of the query-bias circuit in the layers of the ``top`` strongest sink
     heads, on ``n`` sequences of ``seq_len`` tokens (the organism's task for a task organism,
     natural text with BOS otherwise).
 
     ``n``: sequences; ``seq_len``: tokens per sequence; ``top``: sink heads whose layers are
-    dosed; ``doses``: factors (must hold 0 and 1); ``seed``: W_K rotation and bootstrap seed;
+    dosed; ``doses``: factors (must hold 0 and 1); ``rotation_seed``: the W_K rotation's and the
+    bootstrap's seed;
     ``batch_size``: sequences per forward.
     """
     check_experiment_settings("query_bias_dose", locals())  # before any work, as the CLI does
@@ -78,7 +79,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     heads = [(i // base.shape[1], i % base.shape[1]) for i in order]
     layers = sorted({lay for lay, _ in heads if query_bias(model, lay) is not None})
     data: dict[str, Any] = {
-        "schema": SCHEMA, "model": model_name, "n": n, "seq_len": seq_len, "seed": seed,
+        "schema": SCHEMA, "model": model_name, "n": n, "seq_len": seq_len, "seed": rotation_seed,
         "inputs": "task" if task_of(model_name) else "natural text, BOS",
         "sink_heads": [{"layer": lay, "head": h, "sink_score": float(base[lay, h])}
                        for lay, h in heads],
@@ -89,12 +90,12 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     targets: dict[str, Target] = {
         "query bias (every query)": query_bias_set(model, layers),
         "b_Q . k_0 only (logits to key 0)": query_bias_key0_set(model, layers, seq_len),
-        "W_K structure": key_structure_set(model, layers, seed=seed),
+        "W_K structure": key_structure_set(model, layers, seed=rotation_seed),
     }
     if layers != [0]:
         targets["layer-0 MLP at position 0"] = mlp0_at_first_token(model)
     for name, target in targets.items():
-        curve = dose_response(model, tokens, target, doses, late_layers=layers, seed=seed,
+        curve = dose_response(model, tokens, target, doses, late_layers=layers, seed=rotation_seed,
                               batch_size=batch_size)
         d = curve.to_dict()
         data["curves"][name] = d
