@@ -24,59 +24,74 @@
 Everything outside this package reaches a model through the names exported here.
 """
 
+from importlib import import_module
 from typing import Any
 
-from mechsink.model.adapter import (
-    architecture_summary,
-    plain_hf_copy,
-    true_act_fn,
-    true_d_mlp,
-    true_dtype,
-    wrap,
-    wrap_hf,
-)
-from mechsink.model.capabilities import Capabilities, capabilities
-from mechsink.model.forward import run_from_layer, run_with_kv, unembed
-from mechsink.model.hooks import (
-    act_name,
-    has_hook,
-    hook_names,
-    scale_edits_expected,
-    tl_get_act_name,
-    write_in_place,
-)
-from mechsink.model.kinds import hf_model_of, is_bridge, is_hooked_transformer
-from mechsink.model.kv import PrefixKV, supports_prefix_reuse
-from mechsink.model.tokens import (
-    bos_token_id,
-    check_seq_len,
-    check_tokens,
-    context_length,
-    to_tokens,
-    token_strings,
-    tokenizer_of,
-)
-from mechsink.model.weights import (
-    attention_scale,
-    down_projection,
-    head_output_weights,
-    key_bias,
-    key_weights,
-    n_kv_heads,
-    norm_params,
-    query_bias,
-)
-from mechsink.model.zoo import list_models, load_model, save_organism
+# name -> the module that defines it; imported on first use, so `import mechsink.model.zoo`
+# (e.g. for `mechsink models`) does not pull in torch and TransformerLens
+_LAZY = {
+    "Capabilities": "mechsink.model.capabilities",
+    "PrefixKV": "mechsink.model.kv",
+    "act_name": "mechsink.model.hooks",
+    "architecture_summary": "mechsink.model.adapter",
+    "attention_scale": "mechsink.model.weights",
+    "bos_token_id": "mechsink.model.tokens",
+    "capabilities": "mechsink.model.capabilities",
+    "check_seq_len": "mechsink.model.tokens",
+    "check_tokens": "mechsink.model.tokens",
+    "context_length": "mechsink.model.tokens",
+    "down_projection": "mechsink.model.weights",
+    "has_hook": "mechsink.model.hooks",
+    "head_output_weights": "mechsink.model.weights",
+    "hf_model_of": "mechsink.model.kinds",
+    "hook_names": "mechsink.model.hooks",
+    "is_bridge": "mechsink.model.kinds",
+    "is_hooked_transformer": "mechsink.model.kinds",
+    "key_bias": "mechsink.model.weights",
+    "key_weights": "mechsink.model.weights",
+    "list_models": "mechsink.model.zoo",
+    "load_model": "mechsink.model.zoo",
+    "n_kv_heads": "mechsink.model.weights",
+    "norm_params": "mechsink.model.weights",
+    "plain_hf_copy": "mechsink.model.adapter",
+    "query_bias": "mechsink.model.weights",
+    "run_from_layer": "mechsink.model.forward",
+    "run_with_kv": "mechsink.model.forward",
+    "save_organism": "mechsink.model.zoo",
+    "scale_edits_expected": "mechsink.model.hooks",
+    "supports_prefix_reuse": "mechsink.model.kv",
+    "tl_get_act_name": "mechsink.model.hooks",
+    "to_tokens": "mechsink.model.tokens",
+    "token_strings": "mechsink.model.tokens",
+    "tokenizer_of": "mechsink.model.tokens",
+    "true_act_fn": "mechsink.model.adapter",
+    "true_d_mlp": "mechsink.model.adapter",
+    "true_dtype": "mechsink.model.adapter",
+    "unembed": "mechsink.model.forward",
+    "wrap": "mechsink.model.adapter",
+    "wrap_hf": "mechsink.model.adapter",
+    "write_in_place": "mechsink.model.hooks",
+}
+
 
 
 def __getattr__(name: str) -> Any:
-    """TransformerLens is imported lazily (it takes seconds):
-    ``mechsink.model.TransformerBridge``."""
+    """The names above on first use, and TransformerLens's ``TransformerBridge`` (it takes
+    seconds to import): ``mechsink.model.TransformerBridge``."""
     if name == "TransformerBridge":
         from transformer_lens.model_bridge import TransformerBridge
 
         return TransformerBridge
-    raise AttributeError(f"module 'mechsink.model' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mechsink.model' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "TransformerBridge"})
 
 
 __all__ = [

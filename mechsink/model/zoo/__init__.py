@@ -15,29 +15,54 @@
   (:mod:`~mechsink.model.zoo.organisms`).
 """
 
-from mechsink.model.zoo.cache import conversion_problem, converted_dir
-from mechsink.model.zoo.devices import resolve_device
-from mechsink.model.zoo.entries import NAMED_MODELS
-from mechsink.model.zoo.entry import ZooEntry
-from mechsink.model.zoo.folders import TOKENIZER_FILES, check_tokenizer_files, load_weights
-from mechsink.model.zoo.gguf import GGUF
-from mechsink.model.zoo.listing import list_models
-from mechsink.model.zoo.load import (
-    PATTERN_HELP,
-    config_of,
-    context_of,
-    gguf_file,
-    known_names,
-    load_model,
-)
-from mechsink.model.zoo.organisms import (
-    load_organism_hf,
-    organism_folder,
-    organism_recipe,
-    save_organism,
-)
-from mechsink.model.zoo.random_init import FAMILIES, random_config, random_hf_model, seeded_model
-from mechsink.model.zoo.tokenizer import GPT2_EOT, gpt2_tokenizer, gpt2_tokenizer_dir
+from importlib import import_module
+from typing import Any
+
+# name -> the module that defines it, imported on first use (`mechsink models` needs only
+# the listing, not torch or transformers)
+_LAZY = {
+    "FAMILIES": "mechsink.model.zoo.random_init",
+    "GGUF": "mechsink.model.zoo.gguf",
+    "GPT2_EOT": "mechsink.model.zoo.tokenizer",
+    "NAMED_MODELS": "mechsink.model.zoo.entries",
+    "PATTERN_HELP": "mechsink.model.zoo.listing",
+    "TOKENIZER_FILES": "mechsink.model.zoo.folders",
+    "ZooEntry": "mechsink.model.zoo.entry",
+    "check_tokenizer_files": "mechsink.model.zoo.folders",
+    "config_of": "mechsink.model.zoo.load",
+    "context_of": "mechsink.model.zoo.load",
+    "conversion_problem": "mechsink.model.zoo.cache",
+    "converted_dir": "mechsink.model.zoo.cache",
+    "gguf_file": "mechsink.model.zoo.load",
+    "gpt2_tokenizer": "mechsink.model.zoo.tokenizer",
+    "gpt2_tokenizer_dir": "mechsink.model.zoo.tokenizer",
+    "known_names": "mechsink.model.zoo.load",
+    "list_models": "mechsink.model.zoo.listing",
+    "load_model": "mechsink.model.zoo.load",
+    "load_organism_hf": "mechsink.model.zoo.organisms",
+    "load_weights": "mechsink.model.zoo.folders",
+    "organism_folder": "mechsink.model.zoo.organisms",
+    "organism_recipe": "mechsink.model.zoo.organisms",
+    "random_config": "mechsink.model.zoo.random_init",
+    "random_hf_model": "mechsink.model.zoo.random_init",
+    "resolve_device": "mechsink.model.zoo.devices",
+    "save_organism": "mechsink.model.zoo.organisms",
+    "seeded_model": "mechsink.model.zoo.random_init",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mechsink.model.zoo' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "FAMILIES", "GGUF", "GPT2_EOT", "NAMED_MODELS", "PATTERN_HELP", "TOKENIZER_FILES", "ZooEntry",

@@ -12,13 +12,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from mechsink.errors import MechsinkError
 from mechsink.io import atomic_file
 from mechsink.model import assets
 from mechsink.model.assets import Asset
-from mechsink.model.patches.gguf_quantisation import drop_gguf_quantisation
 from mechsink.progress import library_bars
 
 
@@ -46,7 +43,10 @@ class GGUF:
 
     def build(self, folder: Path, name: str) -> None:
         """Decode the GGUF (hash-checked on fetch) into safetensors + config + tokenizer."""
+        import torch  # here, not at import: listing the zoo must not load torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from mechsink.model.patches.gguf_quantisation import drop_gguf_quantisation
 
         gguf = self.fetch(name)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)

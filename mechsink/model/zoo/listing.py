@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import math
+import struct
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mechsink.model.zoo.cache import conversion_problem, converted_dir
 from mechsink.model.zoo.entries import NAMED_MODELS
-from mechsink.model.zoo.random_init import FAMILIES, random_config
+from mechsink.model.zoo.random_init import FAMILIES, random_n_params
 from mechsink.model.zoo.stale import leftovers
+
+PATTERN_HELP = [
+    *[(f"random:{f}-<size>", f"{family.label}, standard init; sizes {', '.join(family.sizes)}")
+      for f, family in FAMILIES.items()],
+    ("hf:<id or folder>", "any causal LM transformers can load (needs hub access for an id)"),
+    ("organism:<folder>", "a checkpoint saved by mechsink (safetensors + config + tokenizer)"),
+]
 
 
 def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
@@ -26,37 +34,33 @@ def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
         cached = folder.exists() and problem is None
         arch, n_params = ("?", None)
         if cached:
-            arch, n_params = _describe_config(folder / "config.json")
+            arch, n_params = _describe_folder(folder)
         rows.append(dict(name=entry.name, description=entry.description, architecture=arch,
                          n_params=n_params, cached=cached, problem=problem,
                          stale=[left.to_dict() for left in leftovers(entry.name)]))
     for family, spec in FAMILIES.items():
         for size in spec.sizes:
-            config = random_config(f"{family}-{size}")
             rows.append(dict(name=f"random:{family}-{size}",
                              description=f"random init ({family}, {size}); seed picks weights",
-                             architecture=_arch_name(config), n_params=_count_params(config),
+                             architecture=f"{family} (causal LM)",
+                             n_params=random_n_params(f"{family}-{size}"),
                              cached=True, problem=None, stale=[]))
     return rows
 
 
-def _describe_config(path: Path) -> tuple[str, int]:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(path.parent))
-    return _arch_name(config), _count_params(config)
-
-
-def _arch_name(config: Any) -> str:
-    archs = getattr(config, "architectures", None)
-    return archs[0] if archs else f"{config.model_type} (causal LM)"
+def _describe_folder(folder: Path) -> tuple[str, int]:
+    """A converted folder's architecture (its config.json) and parameter count (the tensor
+    shapes in its safetensors headers: no model is built, nothing but the headers is read)."""
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    archs = config.get("architectures")
+    arch = archs[0] if archs else f"{config.get('model_type', '?')} (causal LM)"
+    return arch, sum(safetensors_numel(p) for p in sorted(folder.glob("*.safetensors")))
 
 
-def _count_params(config: Any) -> int:
-    """Parameter count from a config alone (the model is built on the meta device, no memory)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
-
+def safetensors_numel(path: Path) -> int:
+    """How many numbers a safetensors file holds, from its header alone (8 bytes of header
+    length, then a JSON table of tensor shapes)."""
+    with path.open("rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    return sum(math.prod(t["shape"]) for k, t in header.items() if k != "__metadata__")

@@ -30,19 +30,13 @@ from mechsink.model.zoo.entries import NAMED_MODELS
 from mechsink.model.zoo.entry import ZooEntry
 from mechsink.model.zoo.folders import from_folder, from_hub_or_folder
 from mechsink.model.zoo.organisms import check_organism, load_organism_hf, organism_folder
-from mechsink.model.zoo.random_init import FAMILIES, random_config, random_hf_model, random_names
+from mechsink.model.zoo.random_init import random_config, random_hf_model, random_names
 from mechsink.model.zoo.stale import conversion_lock, remove_leftovers
 from mechsink.progress import library_bars
 
 if TYPE_CHECKING:
     from transformer_lens.model_bridge import TransformerBridge
 
-PATTERN_HELP = [
-    *[(f"random:{f}-<size>", f"{family.label}, standard init; sizes {', '.join(family.sizes)}")
-      for f, family in FAMILIES.items()],
-    ("hf:<id or folder>", "any causal LM transformers can load (needs hub access for an id)"),
-    ("organism:<folder>", "a checkpoint saved by mechsink (safetensors + config + tokenizer)"),
-]
 
 
 def known_names() -> list[str]:

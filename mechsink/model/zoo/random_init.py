@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch is imported when a model is built, not to list the names
+    from torch import nn
 
 from mechsink.errors import UnknownModelError
 from mechsink.model.zoo.tokenizer import GPT2_EOT, gpt2_tokenizer
@@ -82,8 +82,35 @@ def random_hf_model(spec: str, *, seed: int) -> tuple[nn.Module, Any]:
 
 def seeded_model(config: Any, seed: int, attn_implementation: str = "eager") -> nn.Module:
     """Build a transformers model from ``config`` with the family's own init, from ``seed``."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation)
+
+
+VOCAB = 50257  # GPT-2's BPE vocabulary, shared by every family
+
+
+def random_n_params(spec: str) -> int:
+    """The parameter count of ``random:<spec>`` from its sizes alone (no transformers, no torch:
+    ``mechsink models`` lists them in milliseconds). GPT-2: tied embeddings, biases everywhere,
+    MLP 4 x d; Llama: untied, no biases, grouped K/V, gated MLP, RMSNorm weights only."""
+    m = _RANDOM_RE.match(spec)
+    if m is None or m.group(2) not in FAMILIES[m.group(1)].sizes:
+        random_config(spec)  # raises the one-line error for the malformed name
+    family, size = m.group(1), m.group(2)  # type: ignore[union-attr]
+    z = {**FAMILIES[family].sizes[size], **FAMILIES[family].shared}
+    if family == "gpt2":
+        d, n_layer, n_pos = z["n_embd"], z["n_layer"], z["n_positions"]
+        block = 2 * d + (3 * d * d + 3 * d) + (d * d + d) + 2 * d + (4 * d * d + 4 * d) + \
+            (4 * d * d + d)
+        return VOCAB * d + n_pos * d + n_layer * block + 2 * d
+    if family == "llama":
+        d, n_layer, inter = z["hidden_size"], z["num_hidden_layers"], z["intermediate_size"]
+        kv = z["num_key_value_heads"] * (d // z["num_attention_heads"])
+        block = 2 * d * d + 2 * d * kv + 3 * d * inter + 2 * d
+        tied = z.get("tie_word_embeddings", False)
+        return VOCAB * d * (1 if tied else 2) + n_layer * block + d
+    raise NotImplementedError(f"no parameter formula for the {family} family")  # pragma: no cover
