@@ -22,7 +22,7 @@ from mechsink.errors import BadInputError
 from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
 from mechsink.measure._cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
-from mechsink.model.capabilities import capabilities
+from mechsink.model.probes import capabilities
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@
 - :mod:`~mechsink.model.hooks`: hook names, and how a hook edits what it sees.
 - :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware) and the attention
   scale.
-- :mod:`~mechsink.model.capabilities`: what a model really does (hooks that fire, a forward
-  from a later layer, the unembedding), probed once per model.
+- :mod:`~mechsink.model.probes`: what a model really does (:func:`capabilities`: hooks that
+  fire, a forward from a later layer, the unembedding, batch growth), probed once per model.
 - :mod:`~mechsink.model.forward` and :mod:`~mechsink.model.kv`: runs from a layer, up to a
   layer, reusing a recorded prefix's keys and values (what the patching engine runs on).
 - :mod:`~mechsink.model.patches`: every change to TransformerLens's or transformers' own
@@ -30,13 +30,13 @@ from typing import Any
 # name -> the module that defines it; imported on first use, so `import mechsink.model.zoo`
 # (e.g. for `mechsink models`) does not pull in torch and TransformerLens
 _LAZY = {
-    "Capabilities": "mechsink.model.capabilities",
+    "Capabilities": "mechsink.model.probes",
     "PrefixKV": "mechsink.model.kv",
     "act_name": "mechsink.model.hooks",
     "architecture_summary": "mechsink.model.adapter",
     "attention_scale": "mechsink.model.weights",
     "bos_token_id": "mechsink.model.tokens",
-    "capabilities": "mechsink.model.capabilities",
+    "capabilities": "mechsink.model.probes",
     "check_seq_len": "mechsink.model.tokens",
     "check_tokens": "mechsink.model.tokens",
     "context_length": "mechsink.model.tokens",

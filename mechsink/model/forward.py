@@ -82,7 +82,7 @@ def run_from_layer(
             reads_cache = attention_reads_cache(model)
     if not starts_at_layer(model):
         raise old_bridge_error()
-    from mechsink.model.capabilities import capabilities
+    from mechsink.model.probes import capabilities
 
     honoured = capabilities(model).start_at_layer
     if not honoured and prefix is not None and prefix[1] > 0:

@@ -106,7 +106,7 @@ def supports_prefix_reuse(model: Any) -> bool:
         return False
     if not starts_at_layer(model):
         return False
-    from mechsink.model.capabilities import capabilities
+    from mechsink.model.probes import capabilities
 
     if not capabilities(model).start_at_layer:  # a suffix run starts at a later layer
         return False

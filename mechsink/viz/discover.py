@@ -145,13 +145,17 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
 
 
 def draw_discovery(folder: str | Path) -> list[Path]:
-    """``circuit.png`` and (when there are curves) ``faithfulness.png`` in ``folder``, drawn
+    """``circuit.png``, ``circuit.html`` (interactive, offline) and (when there are curves)
+    ``faithfulness.png`` in ``folder``, drawn
     from the ``discover.json`` :meth:`mechsink.discover.Discovery.save` wrote there."""
     import json
 
     folder = Path(folder)
     data = json.loads((folder / "discover.json").read_text(encoding="utf-8"))
-    out = [draw_circuit(data["circuit"], folder / "circuit.png")]
+    from mechsink.viz.circuit_html import circuit_page
+
+    out = [draw_circuit(data["circuit"], folder / "circuit.png"),
+           circuit_page(data["circuit"], folder / "circuit.html")]
     if data["curves"]:
         out.append(draw_curves(data["curves"], folder / "faithfulness.png"))
     return out
