@@ -50,3 +50,9 @@ def test_atlas_end_to_end_and_resumed(tmp_path, monkeypatch):
     monkeypatch.setattr("mechsink.model.load_model", no_load)
     again = atlas.run(work_dir=tmp_path, models=["organism:bb-gpt2-tiny"], n=3, seq_len=12)
     assert again.data == result.data
+
+
+def test_a_claim_that_did_not_run_links_nothing():
+    cell = atlas._cell(None, None, "the model has no query bias (b_Q).")
+    assert cell["link"] is None and cell["verdict"] == "not applicable"
+    assert cell["evidence"] == "the model has no query bias (b_Q)"

@@ -165,7 +165,7 @@ def _first(verdicts: dict[str, dict[str, str]], *keys: str) -> dict[str, str] | 
     return None
 
 
-def _cell(verdict: dict[str, str] | None, link: str, reason: str | None = None
+def _cell(verdict: dict[str, str] | None, link: str | None, reason: str | None = None
           ) -> dict[str, Any]:
     if verdict is None:
         return {"verdict": "not applicable", "criterion": "-",
@@ -239,12 +239,13 @@ def _model_cells(name: str, out: Path, settings: dict[str, Any]) -> dict[str, An
                       f"{trained['high']:.3f}], twin {twin_rate['mean']:.3f} "
                       f"[{twin_rate['low']:.3f}, {twin_rate['high']:.3f}]"}
     cells = {
-        "C1": _cell(_first(so_v, "C1"), rel("structural_origin"), so_why),
-        "C2": _cell(_first(so_v, "C2"), rel("structural_origin"), so_why),
-        "C3": _cell(_first(so_v, "C3"), rel("structural_origin"), so_why),
-        "C4": _cell(_first(so_v, "C4"), rel("structural_origin"), so_why),
-        "C5": _cell(_first(p0_v, "no BOS needed"), rel("p0_sink"), p0_why),
-        "C6": _cell(_first(qb_v, "b_Q . k_0 only"), rel("query_bias_dose"), qb_why),
+        "C1": _cell(_first(so_v, "C1"), rel("structural_origin") if so else None, so_why),
+        "C2": _cell(_first(so_v, "C2"), rel("structural_origin") if so else None, so_why),
+        "C3": _cell(_first(so_v, "C3"), rel("structural_origin") if so else None, so_why),
+        "C4": _cell(_first(so_v, "C4"), rel("structural_origin") if so else None, so_why),
+        "C5": _cell(_first(p0_v, "no BOS needed"), rel("p0_sink") if p0 else None, p0_why),
+        "C6": _cell(_first(qb_v, "b_Q . k_0 only"), rel("query_bias_dose") if qb else None,
+                    qb_why),
         "C7": {**c7, "link": None},
     }
     row = {"model": name, "folder": _slug(name), "cells": cells, "first_token": first,
