@@ -486,6 +486,15 @@ def sweep(
         raise typer.Exit(1)
 
 
+def _check_no_empty_prompt(clean: list[str] | None, corrupted: list[str] | None) -> None:
+    """An empty --clean or --corrupted prompt is one line naming which (discover's check)."""
+    for flag, texts in (("--clean", clean), ("--corrupted", corrupted)):
+        empty = [i for i, t in enumerate(texts or [], 1) if not t.strip()]
+        if empty:
+            raise MechsinkError(f"{flag} prompt {empty[0]} is empty: give text (or leave "
+                                "--clean out for --n natural prompts of --seq-len tokens).")
+
+
 @app.command()
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
@@ -540,21 +549,17 @@ def discover(
                 raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
         if corrupted and len(corrupted) != len(clean or []):
             raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-        if ig not in ("inputs", "activations"):
-            raise MechsinkError(f"--ig must be inputs or activations, got {ig!r}.")
-        if select not in ("top", "greedy"):
-            raise MechsinkError(f"--select must be top or greedy, got {select!r}.")
+        for flag, value, allowed in (("--ig", ig, ("inputs", "activations")),
+                                     ("--select", select, ("top", "greedy"))):
+            if value not in allowed:
+                raise MechsinkError(f"{flag} must be {' or '.join(allowed)}, got {value!r}.")
         pos = None if positions in (None, "all") else list(parse_layers(positions,
                                                                         "--positions") or ())
         if metric.strip() != "logit_diff":
             parse_metric(metric, None)
         if steps < 1 or verify < 0 or n < 1:
             raise MechsinkError("--steps and --n must be positive, --verify non-negative.")
-        for flag, texts in (("--clean", clean), ("--corrupted", corrupted)):
-            empty = [i for i, t in enumerate(texts or [], 1) if not t.strip()]
-            if empty:
-                raise MechsinkError(f"{flag} prompt {empty[0]} is empty: give text (or leave "
-                                    "--clean out for --n natural prompts of --seq-len tokens).")
+        _check_no_empty_prompt(clean, corrupted)
         check_selection(edges, target)  # --edges against the graph's size once it is built
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
