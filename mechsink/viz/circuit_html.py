@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.io import atomic_write_text
-from mechsink.viz.discover import KIND_COLOURS, _num, _position
+from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position
 
 SCALE_X, SCALE_Y, PAD = 60.0, 22.0, 40.0
 

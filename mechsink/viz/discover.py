@@ -11,31 +11,10 @@ from a folder :meth:`mechsink.discover.Discovery.save` wrote.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Any
 
-_HEAD = re.compile(r"^L(\d+)(H|KV)(\d+)(?:\.([qkv]))?$")
-_MLP = re.compile(r"^MLP(\d+)$")
-KIND_COLOURS = {"q": "#0072B2", "k": "#E69F00", "v": "#009E73", "mlp": "#CC79A7",
-                "metric": "#D55E00"}
-
-
-def _position(name: str, n_heads: int, n_layers: int, group: int) -> tuple[float, float]:
-    """x = stage (embed 0, heads of layer L at 2L+1, MLP L at 2L+2, metric last); y = head."""
-    if name == "embed":
-        return 0.0, (n_heads - 1) / 2
-    if name == "metric":
-        return 2.0 * n_layers + 1, (n_heads - 1) / 2
-    m = _MLP.match(name)
-    if m:
-        return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2
-    m = _HEAD.match(name)
-    if m is None:
-        raise ValueError(f"cannot place node {name!r}")
-    layer, kind, idx = int(m[1]), m[2], int(m[3])
-    y = idx * group + (group - 1) / 2 if kind == "KV" else idx
-    return 2.0 * layer + 1, float(y)
+from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position
 
 
 def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
@@ -92,11 +71,6 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
         ax.set_title(title or f"{circuit['n_edges']} edges ({circuit['how']}{extra})")
         fig.tight_layout()
         return Path(save(fig, Path(path)))
-
-
-def _num(x: float | None, none: float = math.nan) -> float:
-    """A number from JSON, ``none`` for null."""
-    return none if x is None else float(x)
 
 
 def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = "") -> Path:
