@@ -12,6 +12,7 @@ import gc
 
 import pytest
 import torch
+from parity_refs import decoder_residuals, transformers_gguf_load
 
 NAME = "qwen2.5-1.5b"
 TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
@@ -36,32 +37,9 @@ def _gguf_or_skip():
 pytestmark = [pytest.mark.slow]
 
 
-def _layers_in_out(hf_model, tokens) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Logits and every decoder layer's input and output, read by torch hooks."""
-    seen: list[torch.Tensor] = []
-
-    def grab_in(module, args, kwargs):
-        seen.append((args[0] if args else kwargs["hidden_states"]).detach().clone())
-
-    def grab_out(module, args, output):
-        seen.append((output[0] if isinstance(output, tuple) else output).detach().clone())
-
-    handles = [h for layer in hf_model.model.layers for h in (
-        layer.register_forward_pre_hook(grab_in, with_kwargs=True),
-        layer.register_forward_hook(grab_out),
-    )]
-    try:
-        with torch.no_grad():
-            logits = hf_model(tokens).logits
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, seen
-
-
 def test_qwen15b_matches_transformers_own_gguf_load():
     gguf = _gguf_or_skip()  # hash-checked (joined from its parts when needed)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from mechsink import load_model
     from mechsink.model.zoo import converted_dir
@@ -73,14 +51,13 @@ def test_qwen15b_matches_transformers_own_gguf_load():
     ids = tok(TEXT, add_special_tokens=False)["input_ids"]
     tokens = torch.tensor([[tok.bos_token_id, *ids] if tok.bos_token_id is not None else ids])
 
-    plain = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    plain = transformers_gguf_load(gguf)
     attn = plain.model.layers[0].self_attn
     assert attn.q_proj.bias.abs().max() > 0.1 and attn.k_proj.bias.abs().max() > 0.1
     shape = (plain.config.num_hidden_layers, plain.config.num_attention_heads,
              plain.config.num_key_value_heads, plain.config.hidden_size)
-    logits, theirs = _layers_in_out(plain, tokens)
+    logits, seen = decoder_residuals(plain, tokens)
+    theirs = [hidden for _, hidden in seen]
     del plain, attn
     gc.collect()
 

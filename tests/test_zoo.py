@@ -6,6 +6,7 @@ import json
 
 import pytest
 import torch
+from parity_refs import decoder_residuals, transformers_gguf_load
 
 from mechsink import load_model, save_organism
 from mechsink.errors import BadInputError, MechsinkError, UnknownModelError
@@ -15,32 +16,8 @@ from mechsink.model.zoo import converted_dir, random_hf_model
 TEXT = "When attention sinks emerge, the first token takes most of the attention mass."
 
 
-def _plain_residuals(hf_model, tokens) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Logits and every decoder layer's input and output, read by torch hooks on the plain model."""
-    layers = hf_model.transformer.h if hasattr(hf_model, "transformer") else hf_model.model.layers
-    seen: list[torch.Tensor] = []
-
-    def grab_in(module, args, kwargs):
-        seen.append(("in", (args[0] if args else kwargs["hidden_states"]).detach().clone()))
-
-    def grab_out(module, args, output):
-        seen.append(("out", (output[0] if isinstance(output, tuple) else output).detach().clone()))
-
-    handles = [h for layer in layers for h in (
-        layer.register_forward_pre_hook(grab_in, with_kwargs=True),
-        layer.register_forward_hook(grab_out),
-    )]
-    try:
-        with torch.no_grad():
-            logits = hf_model(tokens).logits
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, seen
-
-
 def _assert_parity(bridge, plain, tokens):
-    logits, seen = _plain_residuals(plain, tokens)
+    logits, seen = decoder_residuals(plain, tokens)
     with torch.no_grad():
         b_logits, cache = bridge.run_with_cache(tokens)
     n_layers = bridge.cfg.n_layers
@@ -87,15 +64,10 @@ def test_gemma3_matches_plain_transformers():
 def test_qwen25_matches_transformers_own_gguf_load():
     """The cached conversion equals transformers reading the joined GGUF itself, and the model
     has the learned query and key biases it is in the zoo for."""
-    from transformers import AutoModelForCausalLM
-
     from mechsink.model.zoo import gguf_file
 
     qwen = load_model("qwen2.5-0.5b", device="cpu")
-    gguf = gguf_file("qwen2.5-0.5b")
-    plain = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    plain = transformers_gguf_load(gguf_file("qwen2.5-0.5b"))
     tokens = to_tokens(qwen, TEXT, prepend_bos=True)
     _assert_parity(qwen, plain, tokens)
     attn = plain.model.layers[0].self_attn

@@ -23,7 +23,8 @@ from mechsink.errors import BadInputError
 from mechsink.interventions.edits import Intervention, ablate
 from mechsink.interventions.targets import Target
 from mechsink.measure.checks import check_layers
-from mechsink.model import act_name, attention_scale, has_hook, key_bias, n_kv_heads, query_bias
+from mechsink.measure.logit_split import scored_qk_names
+from mechsink.model import act_name, attention_scale, key_bias, n_kv_heads, query_bias
 
 
 def _biases(model: Any, layers: Sequence[int]) -> dict[int, Tensor]:
@@ -59,15 +60,6 @@ def query_bias_set(model: Any, layers: Sequence[int]) -> Target:
     return Target(f"query bias b_Q of layers {list(lays)} (every query)", edits, lays)
 
 
-def _scored_names(model: Any, layer: int) -> tuple[str, str]:
-    """The hooks of the queries and keys the scores are made of (rotated where rotated)."""
-    names = []
-    for plain, rotated in (("attn.hook_q", "attn.hook_rot_q"), ("attn.hook_k", "attn.hook_rot_k")):
-        name = act_name(rotated, layer)
-        names.append(name if has_hook(model, name) else act_name(plain, layer))
-    return names[0], names[1]
-
-
 @torch.no_grad()
 def rotated_query_bias(
     model: Any, layer: int, seq_len: int,
@@ -78,7 +70,7 @@ def rotated_query_bias(
     checked by also running ``2 b_Q``."""
     b_q = _biases(model, [layer])[layer]
     q_name = act_name("attn.hook_q", layer)
-    read_q, _ = _scored_names(model, layer)
+    read_q, _ = scored_qk_names(model, layer)
     if read_q == q_name:
         return b_q[None].expand(seq_len, -1, -1).clone()
     seen: dict[str, Tensor] = {}
@@ -121,7 +113,7 @@ def query_bias_key0_set(model: Any, layers: Sequence[int], seq_len: int) -> Targ
     def edits(f: float) -> list[Intervention]:
         out = []
         for layer in biases:
-            _, read_k = _scored_names(model, layer)
+            _, read_k = scored_qk_names(model, layer)
             key0: dict[str, Tensor] = {}
 
             def take_key(k: Tensor, hook: Any, key0: dict[str, Tensor] = key0) -> None:

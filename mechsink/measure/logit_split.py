@@ -39,7 +39,7 @@ from mechsink.model import (
 # --- shared: the scale, the rotated q/k, grouped heads, the check against the model -------------
 
 
-def _scored_qk_names(model: Any, layer: int) -> tuple[str, str]:
+def scored_qk_names(model: Any, layer: int) -> tuple[str, str]:
     """The hooks holding the queries and keys the scores are made of: rotated where the model
     rotates them, else the plain ones."""
     names = []
@@ -101,7 +101,7 @@ def bias_logit_split(model: Any, tokens: Int[Tensor, "batch pos"], layer: int, *
     b_k_all = key_bias(model)  # [layer, kv_head, d_head]: hook_k's layout on every model
     b_k = torch.zeros(n_kv_heads(model), d_head) if b_k_all is None else b_k_all[layer]
     q_name, k_name = act_name("attn.hook_q", layer), act_name("attn.hook_k", layer)
-    read_q, read_k = _scored_qk_names(model, layer)
+    read_q, read_k = scored_qk_names(model, layer)
     scores_name = act_name("attn.hook_attn_scores", layer)
     _, cache = model.run_with_cache(tokens, names_filter=[read_q, read_k, scores_name],
                                     stop_at_layer=layer + 1)
