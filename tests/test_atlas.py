@@ -3,7 +3,9 @@ link that exists; a rerun with the same settings loads no model."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import shutil
 
 import pytest
 
@@ -21,6 +23,28 @@ def test_models_are_checked_before_any_work(tmp_path):
     with pytest.raises(BadInputError, match="n must be at least 2"):
         atlas.run(work_dir=tmp_path, models=["random:gpt2-tiny"], n=1)
     assert not any(tmp_path.iterdir())
+
+
+def test_an_atlas_sweep_spec_is_checked_before_any_work(tmp_path):
+    from mechsink.app.sweep import load_spec
+
+    spec = tmp_path / "atlas.toml"
+    spec.write_text('models = ["random:gpt2-tiny"]\njobs = ["atlas"]\n[atlas]\nn = 1\n')
+    with pytest.raises(BadInputError, match="line 4.*n must be at least 2"):
+        load_spec(spec)
+    spec.write_text('models = [{name = "random:gpt2-tiny", seed = 3}]\njobs = ["atlas"]\n')
+    with pytest.raises(BadInputError, match="model names only"):
+        load_spec(spec)
+    spec.write_text('models = ["smollm2-135m", "random:gpt2-tiny"]\njobs = ["atlas"]\n')
+    assert [m.load for m in load_spec(spec).models] == ["smollm2-135m", "random:gpt2-tiny"]
+    # the spec shipped in circuits/ is the experiment's own defaults
+    from pathlib import Path
+
+    shipped = load_spec(Path(__file__).parents[1] / "circuits" / "atlas.toml")
+    assert [m.label for m in shipped.models] == list(atlas.DEFAULT_MODELS)
+    params = inspect.signature(atlas.run).parameters
+    defaults = {k: params[k].default for k in shipped.settings["atlas"]}
+    assert shipped.settings["atlas"] == defaults
 
 
 def test_slugs_of_distinct_names_never_collide():
@@ -50,6 +74,26 @@ def test_atlas_end_to_end_and_resumed(tmp_path, monkeypatch):
     monkeypatch.setattr("mechsink.model.load_model", no_load)
     again = atlas.run(work_dir=tmp_path, models=["organism:bb-gpt2-tiny"], n=3, seq_len=12)
     assert again.data == result.data
+
+    # the same column through `mechsink sweep` (jobs = ["atlas"]): its runs copied beside the
+    # sweep's table are read back (still no model load), and every link leads to its run
+    from mechsink.app.sweep import ATLAS_RUNS, run_sweep
+
+    out = tmp_path / "sweep"
+    shutil.copytree(tmp_path / row["folder"], out / ATLAS_RUNS / row["folder"])
+    spec = tmp_path / "atlas.toml"
+    spec.write_text('models = ["organism:bb-gpt2-tiny"]\njobs = ["atlas"]\n'
+                    "[atlas]\nn = 3\nseq_len = 12\n")
+    summary = run_sweep(spec, out)
+    assert summary["failed"] == 0 and summary["ran"] == 1
+    merged = json.loads((out / "atlas" / "atlas.json").read_text())
+    swept = merged["models"][0]
+    assert {c: v["verdict"] for c, v in swept["cells"].items()} == {
+        c: v["verdict"] for c, v in row["cells"].items()}
+    for claim, cell in swept["cells"].items():
+        if cell["link"]:
+            assert (out / "atlas" / cell["link"] / "summary.md").is_file(), claim
+    assert merged["missing"] == [] and "| C1 variance" in (out / "atlas" / "summary.md").read_text()
 
 
 def test_a_claim_that_did_not_run_links_nothing():

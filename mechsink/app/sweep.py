@@ -5,7 +5,7 @@ A sweep is a TOML spec (see ``docs/tutorials/sweep.md``)::
 
     models = ["random:gpt2-tiny", {name = "random:gpt2-mini", seed = 1}, "organism:bb-gpt2-tiny"]
     training_runs = ["runs/a"]     # every checkpoint (step-N) of each training run folder
-    jobs = ["census"]              # census | timeline | patch | experiment
+    jobs = ["census"]              # census | timeline | patch | experiment | atlas
     threads = 1                    # torch threads per shard (fixed, so results are bit-equal)
 
     [census]
@@ -53,7 +53,8 @@ from mechsink.io import (
 
 SUMMARY_SCHEMA = "mechsink-sweep-summary/1"
 MERGED_SCHEMA = "mechsink-sweep/1"
-JOBS = ("census", "timeline", "patch", "experiment")
+JOBS = ("census", "timeline", "patch", "experiment", "atlas")
+ATLAS_RUNS = "atlas-runs"  # the atlas job's run folders, beside its merged table (OUT/atlas)
 TOP_KEYS = {"models": list, "training_runs": list, "jobs": list, "device": str, "threads": int}
 
 # Per job: setting -> (accepted types, default). None as default: required.
@@ -69,6 +70,8 @@ SETTINGS: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
               "direction": ((str,), "denoise"), "normalize": ((bool,), False),
               "prepend_bos": ((bool,), True), "pairs_per_shard": ((int,), 8)},
     "experiment": {"name": ((str,), None), "settings": ((dict,), {})},
+    "atlas": {"n": ((int,), 8), "seq_len": ((int,), 32), "seed": ((int,), 0),
+              "eps": (_NUM, 0.3), "batch_size": ((int,), 8)},
 }
 _OPTIONAL = {("patch", "layers")}
 
@@ -362,6 +365,19 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
         check("patch", "metric", checks.check_metric, p["metric"])
         check("patch", "direction", checks.check_direction, p["direction"], "direction")
         check("patch", "pairs", checks.check_pairs, pairs)
+    if "atlas" in jobs:
+        a = settings["atlas"]
+        from mechsink.experiments import atlas
+
+        check("atlas", "n", atlas.check_sizes, a["n"], 8)
+        check("atlas", "seq_len", atlas.check_sizes, 2, a["seq_len"])
+        check("atlas", "eps", checks.check_eps, a["eps"], "eps")
+        check("atlas", "batch_size", checks.check_batch_size, a["batch_size"], "batch_size")
+        check(None, "models", atlas.check_models, loads)
+        if any(m.seed is not None or m.meta for m in models):
+            raise BadInputError(f"{_where(spec, text, None, 'models')}: the atlas job takes "
+                                "model names only (no seed = ..., no training_runs): its "
+                                "random-init twins and prompts follow [atlas] seed.")
     if "experiment" in jobs:
         e = settings["experiment"]
         for load in loads or [None]:
@@ -543,9 +559,29 @@ def _run_experiment(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any
     return experiment.run(model, model_name=shard["model"]["label"], **s["settings"]).data
 
 
+def _run_atlas(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+    """One model's column of the atlas; its run folders go to the shard's ``work_dir``."""
+    from mechsink.experiments.atlas import model_row
+
+    return model_row(_atlas_name(shard["model"]), Path(shard["work_dir"]), shard["settings"])
+
+
+def _atlas_name(ref: dict[str, Any]) -> str:
+    """The model's name in the atlas: as the spec writes it for a zoo name or a bundled
+    organism (so a direct ``atlas.run`` of that name shares its runs), else the resolved path."""
+    from mechsink.model.zoo import organism_folder
+
+    prefix, _, rest = ref["label"].partition(":")
+    if ref["label"] == ref["load"] or (
+            prefix == "organism" and f"organism:{organism_folder(rest).resolve()}" == ref["load"]
+            and not Path(rest).exists()):
+        return ref["label"]
+    return ref["load"]
+
+
 _JOB_RUNNERS: dict[str, Callable[[ShardWorker, dict[str, Any]], dict[str, Any]]] = {
     "census": _run_census, "timeline": _run_timeline, "patch": _run_patch,
-    "experiment": _run_experiment,
+    "experiment": _run_experiment, "atlas": _run_atlas,
 }
 
 
@@ -644,6 +680,7 @@ def _read_shard(out: Path, shard: dict[str, Any]) -> dict[str, Any] | None:
     return data if same else None
 
 
+
 def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
               ray_address: str | None = None, workers: int = 2,
               max_shards: int | None = None) -> dict[str, Any]:
@@ -662,6 +699,9 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
         raise BadInputError(f"max_shards must be 0 or more, got {max_shards}.")
     folder = check_writable(out)
     shards = make_shards(spec)
+    for shard in shards:  # where the atlas's runs live: beside its table, not in the shard's id
+        if shard["job"] == "atlas":
+            shard["work_dir"] = str((folder / ATLAS_RUNS).resolve())
     start = time.perf_counter()
     with folder_lock(folder, command=f"mechsink sweep {spec.path}"), full_disk_is_one_line(
             folder, kept="the shards already written are kept, and a rerun resumes from them"):
@@ -830,5 +870,16 @@ def _merge_experiment(spec: Spec, done: list, missing: list[str], folder: Path) 
     return paths
 
 
+def _merge_atlas(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
+    """The atlas table of the finished models (spec order), its links into ``OUT/atlas-runs``."""
+    from mechsink.experiments.atlas import RESULT_FILE, assemble, html_page, summary
+
+    data = assemble([r for _, r in done], spec.settings["atlas"], runs=f"../{ATLAS_RUNS}")
+    data["missing"] = missing
+    return [atomic_write_text(folder / RESULT_FILE, _json({"experiment": "atlas", **data})),
+            atomic_write_text(folder / "summary.md", summary(data)),
+            atomic_write_text(folder / "atlas.html", html_page(data))]
+
+
 _MERGERS = {"census": _merge_census, "timeline": _merge_timeline, "patch": _merge_patch,
-            "experiment": _merge_experiment}
+            "experiment": _merge_experiment, "atlas": _merge_atlas}

@@ -203,8 +203,10 @@ def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
     return (so, so_why), (p0, p0_why), (qb, qb_why), first, tokens, trained
 
 
-def _model_cells(name: str, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
-    """Every step of the atlas on one model (loaded once, freed at the end)."""
+def model_row(name: str, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """Every step of the atlas on one model (loaded once, freed at the end): its column of the
+    table, each cell linking ``<model folder>/<step>`` under ``out``. A model already done
+    under these ``settings`` (n, seq_len, seed, eps, batch_size) is read back, no model load."""
     from mechsink.model import load_model
 
     seed, eps, bs = settings["seed"], settings["eps"], settings["batch_size"]
@@ -254,6 +256,15 @@ def _model_cells(name: str, out: Path, settings: dict[str, Any]) -> dict[str, An
     return row
 
 
+def check_sizes(n: int, seq_len: int) -> None:
+    """The atlas's own limits on its settings, before any work."""
+    if n < 2:
+        raise BadInputError(f"n must be at least 2 (intervals over prompts), got {n}.")
+    if seq_len < 8:
+        raise BadInputError(f"seq_len must be at least 8 (positions the sink moves to), got "
+                            f"{seq_len}.")
+
+
 def run(*, work_dir: str | Path, models: Sequence[str] = DEFAULT_MODELS, n: int = 8,
         seq_len: int = 32, seed: int = 0, eps: float = DEFAULT_EPS,
         batch_size: int = 8) -> ExperimentResult:
@@ -266,20 +277,27 @@ def run(*, work_dir: str | Path, models: Sequence[str] = DEFAULT_MODELS, n: int 
     """
     check_experiment_settings("atlas", locals())  # before any work, as the CLI does
     names = check_models(models)
-    if n < 2:
-        raise BadInputError(f"n must be at least 2 (intervals over prompts), got {n}.")
-    if seq_len < 8:
-        raise BadInputError(f"seq_len must be at least 8 (positions the sink moves to), got "
-                            f"{seq_len}.")
+    check_sizes(n, seq_len)
     out = Path(work_dir)
     out.mkdir(parents=True, exist_ok=True)
     settings = {"n": n, "seq_len": seq_len, "seed": seed, "eps": eps, "batch_size": batch_size}
-    rows = [_model_cells(name, out, settings) for name in names]
-    data = {"schema": SCHEMA, "settings": settings, "claims": CLAIMS, "models": rows}
-    result = ExperimentResult("atlas", data)
+    rows = [model_row(name, out, settings) for name in names]
+    result = ExperimentResult("atlas", assemble(rows, settings))
     result.save(out)
-    atomic_write_text(out / "atlas.html", html_page(data))
+    atomic_write_text(out / "atlas.html", html_page(result.data))
     return result
+
+
+def assemble(rows: Sequence[dict[str, Any]], settings: dict[str, Any],
+             runs: str | None = None) -> dict[str, Any]:
+    """The atlas's data from its model columns (:func:`model_row`). ``runs``: where the rows'
+    run folders are relative to the atlas's own folder (None: inside it), so every cell's link
+    still leads to its run."""
+    if runs is not None:
+        rows = [{**row, "folder": f"{runs}/{row['folder']}",
+                 "cells": {claim: {**cell, "link": cell["link"] and f"{runs}/{cell['link']}"}
+                           for claim, cell in row["cells"].items()}} for row in rows]
+    return {"schema": SCHEMA, "settings": dict(settings), "claims": CLAIMS, "models": list(rows)}
 
 
 def summary(data: dict[str, Any]) -> str:
