@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.model.patches.growing_batch import masks_follow_batch
+from mechsink.model.shortcuts import start_forward, unembed
 
 PROBE_TOL = 1e-4  # relative to the largest logit (at least 1)
 
@@ -71,8 +73,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @torch.no_grad()
 def _probe(model: Any) -> Capabilities:
-    from mechsink.model.forward import start_forward, unembed
-
     n_layers = int(model.cfg.n_layers)
     tokens = probe_tokens(model)
     logits, cache = model.run_with_cache(tokens)
@@ -101,8 +101,6 @@ GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
 def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str) -> bool:
     """A forward whose batch doubles at the last block's ``suffix`` (each row copied) gives
     every copy its row's logits."""
-    from mechsink.model.patches.growing_batch import masks_follow_batch
-
     def double(act: torch.Tensor, hook: Any) -> torch.Tensor:
         return torch.cat([act, act])
 
