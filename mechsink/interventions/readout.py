@@ -42,6 +42,7 @@ from mechsink.measure.super_neurons import (
     super_neuron_sets,
 )
 from mechsink.model import act_name, down_projection
+from mechsink.model.support import check_supported
 
 
 def read_with_edits(
@@ -54,6 +55,7 @@ def read_with_edits(
 ) -> dict[str, Any]:
     """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
     chunk (removed afterwards, also when a chunk raises)."""
+    check_supported(model, "interventions")
     with applied(model, list(edits)):
         return measure_forward(model, tokens, measurements, batch_size=batch_size)
 
