@@ -57,8 +57,9 @@ def _attention(model: Any, caps: Capabilities) -> str | None:
                 "mechsink applies to transformers with attention in every layer")
     if len(with_attn) < len(blocks):
         return (f"only layers {with_attn} of {len(blocks)} have softmax attention (the others "
-                "mix tokens without an attention pattern); mechsink needs attention in every "
-                "layer, so a hybrid model is not supported")
+                "mix tokens without an attention pattern); mechsink's measurements and patches "
+                "assume attention in every layer: it would work once they skip the other "
+                "layers (not implemented)")
     return ("its TransformerLens bridge does not hook the attention pattern "
             "(blocks.<l>.attn.hook_pattern never fires); it would work with a TransformerLens "
             "adapter for it that computes and hooks the pattern")
