@@ -48,6 +48,15 @@ QUANTITIES: dict[str, tuple[str, dict[str, float]]] = {
 EAP_OVERFLOWS = {("LlamaForCausalLM", "float16"), ("Gemma2ForCausalLM", "float16")}
 
 
+def test_the_readme_states_the_tolerances_tested_here():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    for name, (kind, tol) in QUANTITIES.items():
+        row = f"| {name} | {kind} | {tol['bfloat16']:g} ("
+        assert row in readme and f") | {tol['float16']:g} (" in readme.split(row)[1][:40], name
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("precision")
