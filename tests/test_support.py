@@ -134,15 +134,24 @@ def test_a_supported_architecture_passes_every_entry_point(tiny):
         check_supported(model, entry)  # no error
 
 
-def test_the_command_line_prints_the_refusal_in_one_line_and_writes_nothing(tiny, tmp_path):
+COMMANDS = {
+    "scan": ["--n", "2", "--seq-len", "8"],
+    "patch": ["--clean", "a b c", "--corrupted", "a c b", "--metric", "resid_norm:0:1"],
+    "discover": ["--metric", "resid_norm:1:1", "--n", "2", "--seq-len", "8"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_the_command_line_prints_the_refusal_in_one_line_and_writes_nothing(tiny, tmp_path,
+                                                                            command):
     from typer.testing import CliRunner
 
     from mechsink.app.cli import app
 
     _, folder = tiny("RwkvForCausalLM")
-    out = tmp_path / "scan"
-    result = CliRunner().invoke(app, ["scan", f"hf:{folder}", "--out", str(out), "--n", "2",
-                                      "--seq-len", "8", "--device", "cpu"])
+    out = tmp_path / command
+    result = CliRunner().invoke(app, [command, f"hf:{folder}", "--out", str(out),
+                                      *COMMANDS[command], "--device", "cpu"])
     assert result.exit_code == 2, result.output
     lines = [x for x in result.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: RwkvForCausalLM is not supported")
