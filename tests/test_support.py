@@ -103,7 +103,8 @@ def test_every_entry_point_refuses_before_any_forward(tiny):
     model, _ = tiny("RwkvForCausalLM")
     capabilities(model)
     forwards = []
-    handle = model.register_forward_pre_hook(lambda *a: forwards.append(1))
+    handles = [b.register_forward_pre_hook(lambda *a: forwards.append(1))
+               for b in model.blocks]  # every forward, from any layer, runs one of them
     tokens = torch.tensor(builder.PROBE)
     calls = {
         "census": lambda: census(model, ["natural"], ["bos"], n=2, seq_len=8),
@@ -120,9 +121,12 @@ def test_every_entry_point_refuses_before_any_forward(tiny):
             with pytest.raises(BadInputError, match=f"^RwkvForCausalLM is not supported by "
                                                     f"mechsink's {entry}: "):
                 call()
+        assert forwards == []
+        model.run_with_cache(tokens)  # the counter does count forwards
+        assert forwards
     finally:
-        handle.remove()
-    assert forwards == []
+        for handle in handles:
+            handle.remove()
 
 
 def test_a_supported_architecture_passes_every_entry_point(tiny):
