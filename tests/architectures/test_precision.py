@@ -205,6 +205,23 @@ def test_a_metric_beyond_float16_is_an_error_naming_the_dtype(folders):
         activation_patch(model, CLEAN, CORRUPTED, "resid_pre", LogitDiff(3, 17))
 
 
+def test_the_readout_refuses_a_residual_beyond_float16_naming_the_dtype(folders):
+    """The interventions readout would run on into NaN losses and channels: the first inf in
+    the residual stream is an error naming the hook and the dtype; its hooks are removed."""
+    import mechsink
+    from mechsink.errors import BadInputError
+    from mechsink.interventions.readout import measure
+
+    model = mechsink.load_model(f"hf:{folders['LlamaForCausalLM']}", device="cpu",
+                                dtype="float16")
+    with torch.no_grad():
+        model.original_model.model.layers[0].mlp.down_proj.weight[3].fill_(60000.0)
+    with pytest.raises(BadInputError, match="blocks.0.hook_resid_post holds inf.*float16.*"
+                                            "bfloat16"):
+        measure(model, CLEAN, channels=[3])
+    assert not any(h._forward_hooks for h in model.hook_dict.values())
+
+
 def test_a_massive_activation_beyond_float16_is_stated_by_the_census(folders):
     """A residual channel pushed past 65504 in float16 becomes inf: the census says where, in
     its not_applicable object, instead of writing inf (or None) as a massive value."""
