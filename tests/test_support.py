@@ -6,6 +6,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+import torch
+
+from tests.architectures import builder
+
 MODEL = Path(__file__).resolve().parents[1] / "mechsink" / "model"
 
 
@@ -33,11 +38,6 @@ def test_probes_forward_and_kv_import_each_other_one_way_at_module_level():
 
 
 # --- check_supported on tiny models of the architecture suite -------------------------------
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from tests.architectures import builder  # noqa: E402
 
 #: architectures that cannot be supported (not bugs): what each refusal must say
 REFUSED = {
