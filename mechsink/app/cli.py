@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+import mechsink.model as mechsink_model  # a lazy package: its names import on first use
 from mechsink import settings
 from mechsink.errors import MechsinkError
 from mechsink.settings import DEFAULT_EPS
@@ -44,7 +45,7 @@ def fail(exc: MechsinkError) -> None:
     from mechsink.io import remove_unused_folders
 
     remove_unused_folders()
-    Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")  # one line
     raise typer.Exit(2)
 
 
@@ -226,6 +227,7 @@ def scan(
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, dtype=dtype,
                                     seed=seed if model.startswith("random:") else None)
+            mechsink_model.check_supported(bridge, "census")
             check_census_args(bridge, suites, variants, n, seq_len, eps, batch_size)
         except MechsinkError as exc:
             fail(exc)
@@ -334,6 +336,7 @@ def patch(
         try:
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, seed=seed)
+            mechsink_model.check_supported(bridge, "patch")
             c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
@@ -573,6 +576,7 @@ def discover(
 
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, seed=seed)
+            mechsink_model.check_supported(bridge, "discover")
             if clean:
                 tokens = _to_tokens(bridge, clean, prepend_bos=True)
             else:

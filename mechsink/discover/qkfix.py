@@ -70,7 +70,7 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
             got: dict[str, Tensor] = {}
 
             def patch(act: Tensor, hook: Any, add: Tensor = add) -> Tensor:
-                return act + add.unsqueeze(2)
+                return act + add.unsqueeze(2).to(act.dtype)  # a post-norm's writes: float32
 
             def keep(act: Tensor, hook: Any, got: dict[str, Tensor] = got) -> None:
                 got["p"] = act

@@ -40,6 +40,7 @@ from mechsink.discover.graph import Graph
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, hook_names, write_in_place
+from mechsink.model.support import check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
@@ -132,6 +133,7 @@ class GraphRun:
         seed: int = 0,
         memory_budget: int | None = None,
     ) -> None:
+        check_supported(model, "discover")
         abl = as_ablation(ablation, seed=seed)
         if (abl is None) == (corrupted is None):
             raise BadInputError("give either corrupted tokens or an ablation, not both and "

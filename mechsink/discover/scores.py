@@ -26,6 +26,8 @@ from mechsink.discover.graph import Graph
 from mechsink.discover.qkfix import qk_fixed
 from mechsink.discover.run import GraphRun
 from mechsink.errors import BadInputError, MechsinkWarning
+from mechsink.model import true_dtype
+from mechsink.model.precision import overflow_advice
 from mechsink.patching.attribution import correlation
 
 
@@ -231,7 +233,7 @@ def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
     """:class:`EdgeScores` of ``values`` with the run's settings (corruption, positions).
     Every scored edge (``scored``, default all) must have a finite score: a clear error
     otherwise (non-finite weights or activations), never NaN scores."""
-    check_finite(run.graph, values, scored)
+    check_finite(run.graph, values, scored, true_dtype(run.model))
     settings = {**settings, "ablation": None if run.ablation is None else str(run.ablation),
                 "positions": run.positions.nonzero().flatten().tolist(),
                 "batch": run.batch, "seq_len": run.seq_len}
@@ -239,9 +241,10 @@ def result(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
                       run.corrupted_value, settings)
 
 
-def check_finite(graph: Graph, values: Tensor, scored: Sequence[int] | None = None) -> None:
+def check_finite(graph: Graph, values: Tensor, scored: Sequence[int] | None = None,
+                 dtype: torch.dtype | None = None) -> None:
     """Refuse edge scores that are not finite (among ``scored``), naming how many and the
-    first: the model's activations or gradients were not finite somewhere."""
+    first: the model's activations or gradients (in ``dtype``) were not finite somewhere."""
     idx = torch.arange(values.numel()) if scored is None else torch.as_tensor(
         list(scored), dtype=torch.long)
     bad = idx[~torch.isfinite(values[idx])]
@@ -249,7 +252,8 @@ def check_finite(graph: Graph, values: Tensor, scored: Sequence[int] | None = No
         raise BadInputError(
             f"{bad.numel()} of {idx.numel()} edge scores are not finite (first: "
             f"{graph.edge_names[int(bad[0])]} = {float(values[bad[0]])}): the model's "
-            "activations or gradients are not finite there; check its weights for inf/NaN.")
+            "activations or gradients are not finite there; check its weights for inf/NaN."
+            + overflow_advice(dtype))
 
 
 def check_verify(verify: Any) -> None:
@@ -268,7 +272,7 @@ def finish(run: GraphRun, values: Tensor, method: str, settings: dict[str, Any],
         assert grads is not None
         out.first_order = values.clone()
         out.values = qk_fixed(run, values, grads)
-        check_finite(run.graph, out.values)
+        check_finite(run.graph, out.values, dtype=true_dtype(run.model))
     if verify:
         top = out.order()[:verify].tolist()
         exact = run.exact(top) - run.clean_value

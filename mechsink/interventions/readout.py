@@ -42,6 +42,8 @@ from mechsink.measure.super_neurons import (
     super_neuron_sets,
 )
 from mechsink.model import act_name, down_projection
+from mechsink.model.precision import guard_overflow
+from mechsink.model.support import check_supported
 
 
 def read_with_edits(
@@ -54,7 +56,8 @@ def read_with_edits(
 ) -> dict[str, Any]:
     """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
     chunk (removed afterwards, also when a chunk raises)."""
-    with applied(model, list(edits)):
+    check_supported(model, "interventions")
+    with applied(model, list(edits)), guard_overflow(model):
         return measure_forward(model, tokens, measurements, batch_size=batch_size)
 
 

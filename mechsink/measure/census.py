@@ -54,6 +54,7 @@ from mechsink.model import (
     token_strings,
     true_dtype,
 )
+from mechsink.model.support import check_supported
 
 SCHEMA = "mechsink-census/2"  # /2: super_neuron_sets (complete super-neuron sets)
 READABLE_SCHEMAS = ("mechsink-census/1", SCHEMA)
@@ -239,6 +240,7 @@ def census(
     ``measurements``: what each run measures (default: the registry; add an entry of your own
     with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
     """
+    check_supported(model, "census")
     entries = _check_measurements(measurements)
     for what, names in (("suites", suites), ("variants", variants)):
         if isinstance(names, str):  # census(m, "natural") would read as suites n, a, t, ...

@@ -10,6 +10,8 @@
   scale.
 - :mod:`~mechsink.model.probes`: what a model really does (:func:`capabilities`: hooks that
   fire, a forward from a later layer, the unembedding, batch growth), probed once per model.
+- :mod:`~mechsink.model.support`: :func:`check_supported`, every entry point's first line: a
+  model an entry point cannot run exactly on is refused in one line before any work.
 - :mod:`~mechsink.model.forward` and :mod:`~mechsink.model.kv`: runs from a layer, up to a
   layer, reusing a recorded prefix's keys and values (what the patching engine runs on).
 - :mod:`~mechsink.model.patches`: every change to TransformerLens's or transformers' own
@@ -38,6 +40,7 @@ _LAZY = {
     "bos_token_id": "mechsink.model.tokens",
     "capabilities": "mechsink.model.probes",
     "check_seq_len": "mechsink.model.tokens",
+    "check_supported": "mechsink.model.support",
     "check_tokens": "mechsink.model.tokens",
     "context_length": "mechsink.model.tokens",
     "down_projection": "mechsink.model.weights",
@@ -96,8 +99,9 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
-    "attention_scale", "bos_token_id", "capabilities", "check_seq_len", "check_tokens",
-    "context_length", "down_projection", "has_hook", "head_output_weights", "hf_model_of",
+    "attention_scale", "bos_token_id", "capabilities", "check_seq_len", "check_supported",
+    "check_tokens", "context_length", "down_projection", "has_hook", "head_output_weights",
+    "hf_model_of",
     "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",
     "load_model", "n_kv_heads", "norm_params", "plain_hf_copy", "query_bias", "run_from_layer",
     "run_with_kv", "save_organism", "scale_edits_expected", "supports_prefix_reuse",

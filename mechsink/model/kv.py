@@ -18,6 +18,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.model.hooks import act_name
 from mechsink.model.kinds import hf_model_of, is_hooked_transformer, starts_at_layer
+from mechsink.model.probes import capabilities
 
 
 class PrefixKV:
@@ -106,8 +107,6 @@ def supports_prefix_reuse(model: Any) -> bool:
         return False
     if not starts_at_layer(model):
         return False
-    from mechsink.model.probes import capabilities
-
     if not capabilities(model).start_at_layer:  # a suffix run starts at a later layer
         return False
     blocks = getattr(model, "blocks", None)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.model.patches.growing_batch import masks_follow_batch
+from mechsink.model.shortcuts import start_forward, unembed
 
 PROBE_TOL = 1e-4  # relative to the largest logit (at least 1)
 
@@ -25,9 +27,10 @@ _CACHE: weakref.WeakKeyDictionary[Any, Capabilities] = weakref.WeakKeyDictionary
 
 @dataclass(frozen=True)
 class Capabilities:
-    """Per model: the per-block hook suffixes that fire in a forward (``attn.hook_q``, ...),
-    whether ``start_at_layer`` uses the residual given, whether :func:`mechsink.model.unembed`
-    equals the model's own logits, and the largest differences the probes saw."""
+    """Per model: the per-block hook suffixes that fire in a forward (``attn.hook_q``, ...; at
+    block 0, and in every block), whether ``start_at_layer`` uses the residual given, whether
+    :func:`mechsink.model.unembed` equals the model's own logits, and the largest differences
+    the probes saw."""
 
     hooks_fire: frozenset[str]
     start_at_layer: bool
@@ -35,6 +38,12 @@ class Capabilities:
     start_diff: float
     unembed_diff: float
     batch_growth: frozenset[str] = frozenset()  # hooks where copies may join the batch
+    hooks_everywhere: frozenset[str] = frozenset()  # suffixes that fire in every block
+
+    def fires_everywhere(self, suffix: str) -> bool:
+        """Whether the per-block hook ``suffix`` fires in every block (a hybrid model's
+        attention hooks fire in its attention layers only)."""
+        return suffix in self.hooks_everywhere
 
     def grows_at(self, suffix: str) -> bool:
         """Whether copies may join the batch at the per-block hook ``suffix`` mid-forward (the
@@ -71,12 +80,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @torch.no_grad()
 def _probe(model: Any) -> Capabilities:
-    from mechsink.model.forward import start_forward, unembed
-
     n_layers = int(model.cfg.n_layers)
     tokens = probe_tokens(model)
     logits, cache = model.run_with_cache(tokens)
-    fired = frozenset(k.split(".", 2)[2] for k in cache.keys() if k.startswith("blocks.0."))
+    per_block = [frozenset(k.split(".", 2)[2] for k in cache.keys()
+                           if k.startswith(f"blocks.{layer}.")) for layer in range(n_layers)]
+    fired, everywhere = per_block[0], frozenset.intersection(*per_block)
     last = f"blocks.{n_layers - 1}"
     unembed_diff = _rel(unembed(model, cache[f"{last}.hook_resid_post"]), logits) \
         if f"{last}.hook_resid_post" in cache.keys() else float("inf")
@@ -92,7 +101,7 @@ def _probe(model: Any) -> Capabilities:
             start_diff = float("inf")
     growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
     return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
-                        start_diff, unembed_diff, growth)
+                        start_diff, unembed_diff, growth, everywhere)
 
 
 GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
@@ -101,8 +110,6 @@ GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
 def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str) -> bool:
     """A forward whose batch doubles at the last block's ``suffix`` (each row copied) gives
     every copy its row's logits."""
-    from mechsink.model.patches.growing_batch import masks_follow_batch
-
     def double(act: torch.Tensor, hook: Any) -> torch.Tensor:
         return torch.cat([act, act])
 

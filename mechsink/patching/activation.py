@@ -17,6 +17,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, write_in_place
+from mechsink.model.support import check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine, plan
 from mechsink.patching.engine import SPEEDUPS, TokensLike, as_tokens
@@ -64,6 +65,7 @@ def activation_patch(
     metric. ``prepend_bos``: whether text inputs get BOS at position 0 (required for text;
     token tensors are used as they are).
     """
+    check_supported(model, "patch")
     checks.check_inputs("activation_patch", SIGNATURE, clean=clean, corrupted=corrupted,
                         reference=reference)
     checks.check_site_and_metric("activation_patch", SIGNATURE, site, metric)

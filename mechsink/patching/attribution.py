@@ -18,6 +18,7 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.model import act_name
+from mechsink.model.support import check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine
 from mechsink.patching.engine import TokensLike, as_tokens
@@ -43,6 +44,7 @@ def attribution_patch(
     One forward of the run input (through :func:`~mechsink.patching.engine.run_patched`) and
     one backward pass per metric; several metrics (a list) give a list of results.
     """
+    check_supported(model, "attribution")
     signature = "attribution_patch(model, clean, corrupted, site, metric, *, direction=...)"
     checks.check_inputs("attribution_patch", signature, clean=clean, corrupted=corrupted)
     checks.check_site_and_metric("attribution_patch", signature, site, metric)

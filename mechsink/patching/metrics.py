@@ -20,6 +20,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.measure.sinks import sink_score as _sink_score
 from mechsink.model import act_name
+from mechsink.model.precision import overflow_advice
 
 ALL = "all"
 
@@ -467,7 +468,7 @@ def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
     if not torch.isfinite(t):
         raise BadInputError(
             f"{name} returned {t.item()} {where}: it must be finite (check for log(0), "
-            "division by zero or an empty selection)."
+            "division by zero or an empty selection)." + overflow_advice(t.dtype)
         )
     return t.detach().to(torch.float64)
 

@@ -58,6 +58,7 @@ from mechsink.model import (
     token_strings,
     write_in_place,
 )
+from mechsink.model.support import check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine, plan
 from mechsink.patching.engine import TokensLike
@@ -107,6 +108,7 @@ def path_patch(
     clean batch drawn with ``seed``). ``batch_size``: sender groups per forward (None: as
     many as ``memory_budget`` allows).
     """
+    check_supported(model, "path")
     checks.check_inputs("path_patch", "path_patch(model, clean, corrupted or None, senders, "
                         "receivers, metric, *, direction=..., ...)", clean=clean,
                         corrupted=corrupted)

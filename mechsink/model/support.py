@@ -1,0 +1,130 @@
+"""Whether an entry point can run exactly on a model, decided before any work.
+
+:func:`check_supported` is the first line of every entry point (the census, activation, path
+and attribution patching, edge discovery, the interventions readout, and the command line's
+commands after the model loads). From the model's probed :func:`~mechsink.model.capabilities`
+and its structure it either returns or raises one :class:`~mechsink.errors.BadInputError` of
+ONE line: which architecture, what is missing, and what would make it work. A refused model
+never half-runs (no forward beyond the probes, no folder written).
+
+What each entry point needs (:data:`NEEDS`):
+
+- every entry point: softmax attention in every block whose pattern is hooked
+  (``attn.hook_pattern``): the sink is a property of it. Recurrent and state-space models
+  (RWKV, Mamba) have none; hybrids (OLMo-hybrid's linear-attention layers) lack it in some
+  layers; a bridge may not hook it (DeepSeek-V4's compressed attention);
+- the patching engine (activation, path, attribution patching, discovery): the residual
+  entering every block (``hook_resid_pre``), where runs from a later layer start;
+- per-head outputs (path patching's and discovery's head senders, the census's head norms):
+  ``attn.hook_z`` in every block and, for the census and discovery, the per-head output
+  weights ``W_O`` (JetMoE's mixture of attention experts has neither).
+
+Shortcuts that a probe found inexact (a ``start_at_layer`` that ignores its residual, batch
+growth mid-forward) are not refusals: the engine falls back to exact runs for them.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from mechsink.errors import BadInputError
+from mechsink.model.probes import Capabilities, capabilities
+from mechsink.model.weights import head_output_weights
+
+Need = Callable[[Any, Capabilities], "str | None"]  # None: met; else "missing; fix"
+
+_CHECKED: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def architecture(model: Any) -> str:
+    """The model's architecture name (the transformers class, e.g. ``LlamaForCausalLM``)."""
+    inner = getattr(model, "original_model", None)
+    if inner is not None:
+        return type(inner).__name__
+    return str(getattr(model.cfg, "original_architecture", None) or type(model).__name__)
+
+
+def _attention(model: Any, caps: Capabilities) -> str | None:
+    if caps.fires_everywhere("attn.hook_pattern"):
+        return None
+    blocks = list(getattr(model, "blocks", []))
+    with_attn = [i for i, b in enumerate(blocks) if getattr(b, "attn", None) is not None]
+    if not with_attn:
+        return ("its blocks have no softmax attention (they mix tokens by recurrence or a "
+                "state space), so there is no attention pattern and no sink to measure; "
+                "mechsink applies to transformers with attention in every layer")
+    if len(with_attn) < len(blocks):
+        return (f"only layers {with_attn} of {len(blocks)} have softmax attention (the others "
+                "mix tokens without an attention pattern); mechsink's measurements and patches "
+                "assume attention in every layer: it would work once they skip the other "
+                "layers (not implemented)")
+    return ("its TransformerLens bridge does not hook the attention pattern "
+            "(blocks.<l>.attn.hook_pattern never fires); it would work with a TransformerLens "
+            "adapter for it that computes and hooks the pattern")
+
+
+def _residual(model: Any, caps: Capabilities) -> str | None:
+    if caps.fires_everywhere("hook_resid_pre"):
+        return None
+    return ("the residual stream entering each block (blocks.<l>.hook_resid_pre) is not hooked "
+            "by its TransformerLens bridge, and the patching engine starts its runs there; it "
+            "would work with an adapter that hooks the block input")
+
+
+def _head_outputs(model: Any, caps: Capabilities) -> str | None:
+    if caps.fires_everywhere("attn.hook_z"):
+        return None
+    return ("its attention has no per-head outputs (blocks.<l>.attn.hook_z never fires), "
+            "which head senders need; it would work with an adapter that hooks each head's "
+            "output before the output projection")
+
+
+def _output_weights(model: Any, caps: Capabilities) -> str | None:
+    try:
+        w_o = head_output_weights(model)
+    except BadInputError:
+        w_o = None
+    if w_o is not None and w_o.ndim == 4 and w_o.shape[0] == int(model.cfg.n_layers):
+        return None
+    return ("it exposes no per-head attention output weights (attn.W_O in every layer), which "
+            "head norms and head writes need; it would work with an adapter that maps its "
+            "output projection to W_O [head, d_head, d_model]")
+
+
+#: entry point -> what it needs, checked in this order (the first unmet need is the refusal)
+NEEDS: dict[str, tuple[Need, ...]] = {
+    "census": (_attention, _output_weights),
+    "patch": (_attention, _residual),
+    "attribution": (_attention, _residual),
+    "path": (_attention, _residual, _head_outputs),
+    "discover": (_attention, _residual, _head_outputs, _output_weights),
+    "interventions": (_attention,),
+}
+
+
+def refusal(model: Any, entry: str) -> str | None:
+    """Why ``entry`` cannot run exactly on ``model`` (one line), or None when it can; decided
+    once per model and entry point."""
+    if entry not in NEEDS:
+        raise BadInputError(f"unknown entry point {entry!r}: one of {', '.join(NEEDS)}.")
+    try:
+        done = _CHECKED.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: decide again next time
+        done = {}
+    if entry not in done:
+        caps = capabilities(model)
+        missing = next((why for need in NEEDS[entry] if (why := need(model, caps))), None)
+        done[entry] = None if missing is None else \
+            f"{architecture(model)} is not supported by mechsink's {entry}: {missing}."
+    return done[entry]
+
+
+def check_supported(model: Any, entry: str) -> None:
+    """Raise a one-line :class:`BadInputError` (architecture, what is missing, what would make
+    it work) when ``entry`` (one of :data:`NEEDS`) cannot run exactly on ``model``; call it
+    before any other work."""
+    why = refusal(model, entry)
+    if why is not None:
+        raise BadInputError(why)
