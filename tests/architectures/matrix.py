@@ -1,6 +1,6 @@
 """The README's support matrix, generated from the architecture suite.
 
-``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` runs
+``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` (``--help``) runs
 ``tests/architectures`` once with every xfail run as a normal test (``--runxfail``; or reads a
 JUnit report of such a run), takes each test's largest relative difference (its ``diff``
 property) and writes one Markdown row per architecture: the largest difference of each check,
@@ -10,6 +10,7 @@ or the first line of why it fails, with the TransformerLens and transformers ver
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import re
 import subprocess
@@ -92,22 +93,45 @@ def into_readme(text: str) -> None:
     README.write_text(readme[:start] + text + readme[end:], encoding="utf-8")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: where the table goes and whether to run the suite."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.architectures.matrix",
+        description="Run the architecture suite (xfails as normal tests) and write its "
+                    "support matrix as Markdown: to OUT.md, into the README (--readme) or "
+                    "to stdout.")
+    parser.add_argument("out", nargs="?", type=Path, default=None, metavar="OUT.md",
+                        help="file to write the table to (default: print it)")
+    parser.add_argument("--readme", action="store_true",
+                        help="replace the table between the README's support-matrix markers")
+    parser.add_argument("--junit", type=Path, default=None, metavar="REPORT.xml",
+                        help="read this JUnit report of a --runxfail run instead of running "
+                             "the suite")
+    args = parser.parse_args(argv)
+    if args.out is not None and str(args.out).startswith("-"):
+        parser.error(f"output path {str(args.out)!r} starts with '-': it looks like an "
+                     f"option; write ./{args.out} to mean a file.")
+    if args.out is not None and args.readme:
+        parser.error("give OUT.md or --readme, not both.")
+    if args.junit is not None and not args.junit.is_file():
+        parser.error(f"--junit {args.junit}: no such file.")
+    return args
+
+
 def main(argv: list[str]) -> None:
-    junit = Path(argv[argv.index("--junit") + 1]) if "--junit" in argv else None
-    rest = [a for i, a in enumerate(argv) if a not in ("--junit", "--readme")
-            and (i == 0 or argv[i - 1] != "--junit")]
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
+        junit = args.junit
         if junit is None:
             junit = Path(tmp) / "suite.xml"
             run_suite(junit)
         text = markdown(cells(junit))
-    if "--readme" in argv:
+    if args.readme:
         into_readme(text)
-    elif rest:
-        Path(rest[0]).write_text(text, encoding="utf-8")
+    elif args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
     else:
         print(text)
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])
