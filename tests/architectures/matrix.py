@@ -26,6 +26,8 @@ COLUMNS = {
     "start_at_layer", "census_equals_hand_computation": "census",
     "activation_patching_equals_transformer_lens": "activation",
     "builtin_logit_metric_equals_plain_callable": "LogitDiff",
+    "path_patching_equals_hand_reference": "path", "exact_edges_equal_path_patching":
+    "discovery", "interventions_equal_hand_edits": "interventions",
 }
 
 
