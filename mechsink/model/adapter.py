@@ -27,6 +27,7 @@ from mechsink.errors import BadInputError
 from mechsink.model.finite import check_finite_weights
 from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
 from mechsink.model.patches.offline import offline
+from mechsink.model.patches.rotary_hooks import fire_rotary_hooks
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
 from mechsink.model.tokens import bos_token_id
@@ -105,6 +106,7 @@ def wrap_hf(
         finally:
             logging.getLogger().setLevel(previous)
     use_variant_patterns(bridge)
+    fire_rotary_hooks(bridge)
     bridge.eval()
     return bridge
 

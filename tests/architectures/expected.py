@@ -11,7 +11,8 @@ are a limit of the suite's builder, not a verdict on mechsink.
 from __future__ import annotations
 
 CHECKS = ("logits", "wrap", "unembed", "start_at_layer", "census", "activation:<site>",
-          "logit_metric", "path:<receiver>", "discovery:<receiver>", "intervention:<edit>")
+          "logit_metric", "path:<receiver>", "discovery:<receiver>", "intervention:<edit>",
+          "qkv", "qkv_edit", "parallel:<site>")
 
 NOT_BUILT = "the suite's generic tiny config does not build this architecture"
 
@@ -129,13 +130,13 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('AfmoeForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('AfmoeForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('BloomForCausalLM', 'discovery:k'):
-        'exact edge 1e-03 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('BloomForCausalLM', 'discovery:q'):
-        'exact edge 3e-04 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('BloomForCausalLM', 'discovery:v'):
-        'exact edge 2e-03 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('DeepseekV4ForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('DeepseekV4ForCausalLM', 'intervention:ablate'):
@@ -158,18 +159,14 @@ EXPECTED: dict[tuple[str, str], str] = {
         "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('FlexOlmoForCausalLM', 'discovery:metric'):
         "exact edge 2e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:q'):
-        "exact edge 2e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('FlexOlmoForCausalLM', 'discovery:v'):
         "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('GPTJForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('GPTJForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
-    ('Gemma2ForCausalLM', 'discovery:k'):
-        'exact edge 3e-03 off path patching (discover/run.py, not diagnosed)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Gemma2ForCausalLM', 'discovery:v'):
-        'exact edge 2e-02 off path patching (discover/run.py, not diagnosed)',
+        'exact edge off path patching (discover/run.py, not diagnosed)',
     ('Glm4ForCausalLM', 'discovery:k'):
         "exact edge 1e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('Glm4ForCausalLM', 'discovery:metric'):
@@ -185,35 +182,35 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('JetMoeForCausalLM', 'intervention:ablate'):
         'no reference: the hand edit finds no single attention output projection in this transformers block',
     ('JetMoeForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('JetMoeForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\'] matched no hook points on this model; check the name against model.',
     ('LagunaForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('LagunaForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Llama4ForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('Llama4ForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('ModernBertDecoderForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('ModernBertDecoderForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('MptForCausalLM', 'discovery:k'):
-        'exact edge 4e-02 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('MptForCausalLM', 'discovery:q'):
-        'exact edge 6e-03 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('MptForCausalLM', 'discovery:v'):
-        'exact edge 4e-01 off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('NanoChatForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('NanoChatForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('OPTForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OPTForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Olmo2ForCausalLM', 'discovery:k'):
         "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('Olmo2ForCausalLM', 'discovery:metric'):
@@ -235,7 +232,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('OlmoHybridForCausalLM', 'intervention:ablate'):
         'KeyError: "Hook name \'blocks.0.attn.hook_z\' does not exist on this model."',
     ('OlmoHybridForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('OlmoHybridForCausalLM', 'path:*'):
         "KeyError: 'blocks.0.attn.hook_z'",
     ('OpenAIGPTLMHeadModel', 'discovery:k'):
@@ -257,7 +254,43 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('XGLMForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('XGLMForCausalLM', 'intervention:mask'):
-        'hook_pattern/hook_attn_scores fire but an edit to them never reaches the output on this bridge (attend_only_to_self is silently a no-op)',
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
+    ('DeepseekV4ForCausalLM', 'qkv'):
+        "KeyError: 'blocks.0.attn.hook_q'",
+    ('DeepseekV4ForCausalLM', 'qkv_edit'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_k\' does not exist on this model."',
+    ('HunYuanDenseV1ForCausalLM', 'qkv'):
+        'HunYuan normalises q and k after the rotary embedding: hook_rot_q/k hold them before that norm (0.41 off what its scores use)',
+    ('HunYuanDenseV1ForCausalLM', 'qkv_edit'):
+        'HunYuan normalises q and k after the rotary embedding: an edit of hook_rot_k is normalised away (0.63 off)',
+    ('JetMoeForCausalLM', 'qkv'):
+        "KeyError: 'blocks.0.attn.hook_rot_q' (JetMoe's mixture-of-attention bridge has no hook_q/k/v)",
+    ('JetMoeForCausalLM', 'qkv_edit'):
+        "a rotated-key edit is 0.016 off transformers' same edit (mixture-of-attention heads; not diagnosed)",
+    ('MptForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('MptForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OlmoHybridForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OlmoHybridForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OpenAIGPTLMHeadModel', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OpenAIGPTLMHeadModel', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('XGLMForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('XGLMForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('RwkvForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('RwkvForCausalLM', 'qkv_edit'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_k\' does not exist on this model."',
+    ('OPTForCausalLM', 'qkv'):
+        'OPT multiplies its queries by d_head^-0.5 before attention: hook_q is the unscaled projection (cosines unaffected)',
+    ('GPTJForCausalLM', 'parallel:pattern'):
+        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning)",
 }
 
 

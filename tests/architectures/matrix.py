@@ -28,6 +28,8 @@ COLUMNS = {
     "builtin_logit_metric_equals_plain_callable": "LogitDiff",
     "path_patching_equals_hand_reference": "path", "exact_edges_equal_path_patching":
     "discovery", "interventions_equal_hand_edits": "interventions",
+    "qkv_equal_transformers": "q/k/v", "rotated_key_edit_equals_transformers": "q/k/v",
+    "parallel_block_sites_equal_plain_hooks": "parallel block",
 }
 
 
@@ -72,14 +74,18 @@ def cells(report: Path) -> dict[str, dict[str, str]]:
 def markdown(rows: dict[str, dict[str, str]]) -> str:
     head = (f"Made with TransformerLens {md.version('transformer-lens')} and transformers "
             f"{md.version('transformers')}: the largest difference from the reference, "
-            "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails.\n\n")
-    cols = list(COLUMNS.values())
+            "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails; – where "
+            "the check does not apply (parallel block: only models with parallel attention + "
+            "MLP).\n\n")
+    cols = list(dict.fromkeys(COLUMNS.values()))
     lines = ["| architecture | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for arch in sorted(rows):
-        row = [rows[arch].get(c, "") for c in cols]
-        if len(set(row)) == 1 and row[0].startswith("✗"):  # one cause for every check
-            row = [row[0]] + ["✗ (same)"] * (len(cols) - 1)
+        row = [rows[arch].get(c, "–") for c in cols]
+        applies = [c for c in row if c != "–"]
+        if len(set(applies)) == 1 and applies[0].startswith("✗"):  # one cause for every check
+            first = row.index(applies[0])
+            row = [c if c == "–" or i == first else "✗ (same)" for i, c in enumerate(row)]
         lines.append(f"| {arch} | " + " | ".join(row) + " |")
     return head + "\n".join(lines) + "\n"
 

@@ -15,6 +15,9 @@ the installed ones by the tests), why it is needed and when it can go:
   mid-forward.
 - :mod:`~mechsink.model.patches.cache_keyword`: the bridge's attention reads the transformers
   cache under its transformers 5 keyword.
+- :mod:`~mechsink.model.patches.rotary_hooks`: the declared rotary hooks (``hook_rot_q/k``)
+  fire with the rotated queries and keys where the bridge never calls them (GPT-NeoX, GPT-J,
+  Falcon, Phi-3, ...).
 - :mod:`~mechsink.model.patches.gguf_quantisation`: a model decoded from GGUF no longer
   marked as quantised.
 
