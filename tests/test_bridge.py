@@ -356,9 +356,9 @@ def test_capabilities_on_a_model_where_every_shortcut_holds(llama_tiny):
     assert caps.grows_at("hook_resid_pre")
 
 
-def test_rotary_hooks_fire_on_a_fused_qkv_model(tmp_path):
+def test_attention_hooks_fire_on_a_fused_qkv_model(tmp_path):
     """GPT-NeoX (fused QKV): TransformerLens declares hook_rot_q/k but its bridge never calls
-    them; mechsink.model.patches.rotary_hooks makes them fire (values checked against
+    them; mechsink.model.patches.attention_hooks makes them fire (values checked against
     transformers in tests/architectures/test_qkv.py)."""
     from mechsink.model import capabilities, has_hook
 

@@ -230,7 +230,7 @@ def _tiny_census(arch, tmp_path):
 
 
 def test_census_of_a_fused_qkv_model_measures_the_key_bias(tmp_path):
-    """GPT-NeoX: the bridge's rotary hooks fire (mechsink.model.patches.rotary_hooks; before,
+    """GPT-NeoX: the bridge's rotary hooks fire (mechsink.model.patches.attention_hooks; before,
     the key-bias cosine was not applicable there, and it raised "the cache holds no
     'blocks.<l>.attn.hook_q'" before that): every measurement is there."""
     run = _tiny_census("GPTNeoXForCausalLM", tmp_path).to_dict()["runs"][0]

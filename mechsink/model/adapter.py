@@ -26,8 +26,8 @@ from torch import Tensor, nn
 from mechsink.errors import BadInputError
 from mechsink.model.finite import check_finite_weights
 from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
+from mechsink.model.patches.attention_hooks import install_attention_hooks
 from mechsink.model.patches.offline import offline
-from mechsink.model.patches.rotary_hooks import fire_rotary_hooks
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
 from mechsink.model.tokens import bos_token_id
@@ -106,7 +106,7 @@ def wrap_hf(
         finally:
             logging.getLogger().setLevel(previous)
     use_variant_patterns(bridge)
-    fire_rotary_hooks(bridge)
+    install_attention_hooks(bridge)
     bridge.eval()
     return bridge
 

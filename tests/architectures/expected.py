@@ -129,8 +129,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         "the tiny Zamba2ForCausalLM could not be built: TypeError: 'NoneType' object is not iterable",
     ('AfmoeForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('AfmoeForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('BloomForCausalLM', 'discovery:k'):
         'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('BloomForCausalLM', 'discovery:q'):
@@ -163,8 +161,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('GPTJForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('GPTJForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Gemma2ForCausalLM', 'discovery:v'):
         'exact edge off path patching (discover/run.py, not diagnosed)',
     ('Glm4ForCausalLM', 'discovery:k'):
@@ -182,21 +178,15 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('JetMoeForCausalLM', 'intervention:ablate'):
         'no reference: the hand edit finds no single attention output projection in this transformers block',
     ('JetMoeForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
+        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
     ('JetMoeForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\'] matched no hook points on this model; check the name against model.',
     ('LagunaForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('LagunaForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Llama4ForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Llama4ForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('ModernBertDecoderForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('ModernBertDecoderForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('MptForCausalLM', 'discovery:k'):
         'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('MptForCausalLM', 'discovery:q'):
@@ -205,12 +195,8 @@ EXPECTED: dict[tuple[str, str], str] = {
         'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
     ('NanoChatForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('NanoChatForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('OPTForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('OPTForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
     ('Olmo2ForCausalLM', 'discovery:k'):
         "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('Olmo2ForCausalLM', 'discovery:metric'):
@@ -232,7 +218,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('OlmoHybridForCausalLM', 'intervention:ablate'):
         'KeyError: "Hook name \'blocks.0.attn.hook_z\' does not exist on this model."',
     ('OlmoHybridForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
+        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
     ('OlmoHybridForCausalLM', 'path:*'):
         "KeyError: 'blocks.0.attn.hook_z'",
     ('OpenAIGPTLMHeadModel', 'discovery:k'):
@@ -254,7 +240,7 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('XGLMForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('XGLMForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning): attend_only_to_self does nothing",
+        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
     ('DeepseekV4ForCausalLM', 'qkv'):
         "KeyError: 'blocks.0.attn.hook_q'",
     ('DeepseekV4ForCausalLM', 'qkv_edit'):
@@ -289,8 +275,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         'KeyError: "Hook name \'blocks.1.attn.hook_k\' does not exist on this model."',
     ('OPTForCausalLM', 'qkv'):
         'OPT multiplies its queries by d_head^-0.5 before attention: hook_q is the unscaled projection (cosines unaffected)',
-    ('GPTJForCausalLM', 'parallel:pattern'):
-        "the bridge runs transformers' attention: hook_pattern fires after the fact and its edit is discarded (a warning)",
 }
 
 
