@@ -217,8 +217,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OlmoHybridForCausalLM', 'intervention:ablate'):
         'KeyError: "Hook name \'blocks.0.attn.hook_z\' does not exist on this model."',
-    ('OlmoHybridForCausalLM', 'intervention:mask'):
-        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
     ('OlmoHybridForCausalLM', 'path:*'):
         "KeyError: 'blocks.0.attn.hook_z'",
     ('OpenAIGPTLMHeadModel', 'discovery:k'):
