@@ -59,7 +59,7 @@ def by_hand(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, site: str
     names = [f"blocks.{lay}.{HOOKS[site]}" for lay in range(n_layers)]
     _, cache = model.run_with_cache(clean, names_filter=names)
     rows = []
-    for lay, name in enumerate(names):
+    for name in names:
         row = []
         for unit in _units(model, site):
             def patch(act: torch.Tensor, hook: Any, unit: int | None = unit,
@@ -76,7 +76,6 @@ def by_hand(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, site: str
             row.append(float(_logit_metric(model.run_with_hooks(
                 corrupted, fwd_hooks=[(name, patch)]))))
         rows.append(row)
-        del lay
     out = torch.tensor(rows, dtype=torch.float64)
     return out[:, 0] if _units(model, site) == [None] else out
 
