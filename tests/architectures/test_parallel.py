@@ -83,9 +83,10 @@ def by_hand(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, site: str
 @pytest.mark.parametrize(("arch", "site"), _cases())
 def test_parallel_block_sites_equal_plain_hooks(suite, arch, site, record_property):
     """activation_patch at every site kind of a parallel block equals the plain-hook patch;
-    resid_mid is refused with the reason; and the patches do something (a patch that never
-    reaches the output would pass as "no effect")."""
+    resid_mid is refused with the reason (by patching and by ablate); and the patches do
+    something (a patch that never reaches the output would pass as "no effect")."""
     from mechsink.errors import BadInputError
+    from mechsink.interventions import ablate
     from mechsink.patching import activation_patch
 
     m = suite.get(arch)
@@ -96,6 +97,8 @@ def test_parallel_block_sites_equal_plain_hooks(suite, arch, site, record_proper
         with pytest.raises(BadInputError, match="parallel") as info:
             activation_patch(m.bridge, clean, corrupted, "resid_mid", _logit_metric)
         assert "\n" not in str(info.value)
+        with pytest.raises(BadInputError, match="parallel"):
+            ablate(m.bridge, "resid_mid", 1, mode="zero")
         record_property("diff", 0.0)
         return
     spec = f"L{{}}N{NEURON}" if site == "neuron" else f"{site}_all_pos"
