@@ -210,3 +210,27 @@ def test_rotated_key_edit_equals_transformers(suite, arch, record_property):
     record_property("diff", rel(got, want))
     assert rel(got, want) <= TOL
     assert rel(got, m.logits) > 1e-3, "the edit did not change the logits"
+
+
+def test_wrap_of_a_users_bridge_fires_the_rotary_hooks(suite):
+    """A TransformerBridge the user booted themselves gets the same hooks from mechsink.wrap
+    (GPT-NeoX: hook_rot_q equals transformers' rotated queries)."""
+    import transformers
+    from transformer_lens.model_bridge import TransformerBridge
+
+    import mechsink
+    from mechsink.model.patches.offline import offline
+    from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
+
+    m = suite.get("GPTNeoXForCausalLM")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(
+        str(m.folder), attn_implementation="eager").eval()
+    with offline(), no_tokenizer_lookup():
+        bridge = TransformerBridge.boot_transformers("tiny", hf_model=plain)
+    bridge.enable_compatibility_mode(no_processing=True, disable_warnings=True)
+    wrapped = mechsink.wrap(bridge)
+    with torch.no_grad(), recorded(m.hf) as ref:  # the bridge recomputes attention itself
+        m.hf(m.tokens)
+        _, cache = wrapped.run_with_cache(m.tokens, names_filter="blocks.0.attn.hook_rot_q")
+    assert "blocks.0.attn.hook_rot_q" in cache.keys()
+    assert rel(cache["blocks.0.attn.hook_rot_q"], _tl(ref["post"][0]["q"])) <= TOL
