@@ -130,11 +130,11 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('AfmoeForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('BloomForCausalLM', 'discovery:k'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
     ('BloomForCausalLM', 'discovery:q'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
     ('BloomForCausalLM', 'discovery:v'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
     ('DeepseekV4ForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('DeepseekV4ForCausalLM', 'intervention:ablate'):
@@ -188,11 +188,11 @@ EXPECTED: dict[tuple[str, str], str] = {
     ('ModernBertDecoderForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('MptForCausalLM', 'discovery:k'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
     ('MptForCausalLM', 'discovery:q'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
     ('MptForCausalLM', 'discovery:v'):
-        'exact edge off path patching on this ALiBi model (discover/run.py, not diagnosed)',
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
     ('NanoChatForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OPTForCausalLM', 'discovery:*'):
