@@ -22,6 +22,8 @@ Everywhere mechsink takes a site, a sender, a receiver or an intervention target
   (KV head 1 itself), ``L3N1229`` (neuron 1229 of ``mlp.hook_post``), ``MLP3``
   (``hook_mlp_out``), ``ATTN3`` (``hook_attn_out``), ``resid3`` (``hook_resid_pre``, the
   residual entering block 3; also ``resid_mid3``, ``resid_post3``), ``embed`` and ``pos_embed``.
+  ``resid_mid`` (input + attention output, what the MLP reads) does not exist in a parallel
+  attention+MLP block (GPT-J, GPT-NeoX, Falcon, Cohere, Phi): its MLP reads the block's input.
 
 Any form may end in ``@POS`` (one sequence position, negative counts from the end) and a
 d_model-wide one in ``:CHANNEL`` (``resid3@0:123``). The canonical form is a :class:`Name`:
@@ -258,6 +260,10 @@ class Name:
             raise BadInputError(f"{self}: layer {self.layer} is out of range (the model has "
                                 f"layers 0..{n_layers - 1}).")
         known = getattr(model, "hook_dict", None)
+        if self.kind == "resid_mid" and getattr(cfg, "parallel_attn_mlp", False):
+            raise BadInputError(f"{self}: this model's blocks run attention and MLP in parallel "
+                                "(the MLP reads the block's input): there is no resid_mid; "
+                                "patch resid_pre, attn_out or mlp_out.")
         probe_layer = 0 if self.layer is None else self.layer
         if known is not None and self.hook_at(probe_layer) not in known:
             raise BadInputError(f"{self}: this model has no hook {self.hook_at(probe_layer)!r} "

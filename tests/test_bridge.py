@@ -356,14 +356,16 @@ def test_capabilities_on_a_model_where_every_shortcut_holds(llama_tiny):
     assert caps.grows_at("hook_resid_pre")
 
 
-def test_capabilities_see_rotary_hooks_that_never_fire(tmp_path):
-    """GPT-NeoX (fused QKV): TransformerLens declares hook_rot_q/k, they never fire."""
+def test_attention_hooks_fire_on_a_fused_qkv_model(tmp_path):
+    """GPT-NeoX (fused QKV): TransformerLens declares hook_rot_q/k but its bridge never calls
+    them; mechsink.model.patches.attention_hooks makes them fire (values checked against
+    transformers in tests/architectures/test_qkv.py)."""
     from mechsink.model import capabilities, has_hook
 
     model, *_ = _suite_model("GPTNeoXForCausalLM", tmp_path)
     assert has_hook(model, "blocks.0.attn.hook_rot_q")
     caps = capabilities(model)
-    assert not caps.rotary_qk and caps.split_qkv
+    assert caps.rotary_qk and caps.split_qkv
 
 
 @pytest.mark.parametrize(("arch", "d_mlp_field", "act"), [

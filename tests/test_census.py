@@ -229,14 +229,13 @@ def _tiny_census(arch, tmp_path):
                   batch_size=2, progress=lambda *a: None)
 
 
-def test_census_of_a_fused_qkv_model_says_key_bias_does_not_apply(tmp_path):
-    """GPT-NeoX: the rotary hooks never fire (the plain ones are pre-rotary): the key-bias
-    cosine is not applicable, with the reason; every other measurement is there (it raised
-    "the cache holds no 'blocks.<l>.attn.hook_q'" before)."""
+def test_census_of_a_fused_qkv_model_measures_the_key_bias(tmp_path):
+    """GPT-NeoX: the bridge's rotary hooks fire (mechsink.model.patches.attention_hooks; before,
+    the key-bias cosine was not applicable there, and it raised "the cache holds no
+    'blocks.<l>.attn.hook_q'" before that): every measurement is there."""
     run = _tiny_census("GPTNeoXForCausalLM", tmp_path).to_dict()["runs"][0]
-    assert set(run["not_applicable"]) == {"keys"}
-    assert "hook_rot_q" in run["not_applicable"]["keys"]
-    assert "key_bias_cosine" not in run and run["sink_rate"] is not None
+    assert not run.get("not_applicable")
+    assert len(run["key_bias_cosine"]["first"][0]) == 4 and run["sink_rate"] is not None
     assert run["super_neurons"] is not None
 
 

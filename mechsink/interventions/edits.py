@@ -142,6 +142,7 @@ def ablate(
                 "batch_mean, over the batch)") if mode == "mean" else ""
         raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}{hint}.")
     _check_layer(model, layer)
+    Name(_ABLATABLE[site].name, layer).check(model)  # a hook the model lacks: say so now
     axis = _ABLATABLE[site].unit
     n_units = unit_count(model, _ABLATABLE[site].name)
     if units is not None and not all(0 <= u < n_units for u in units):

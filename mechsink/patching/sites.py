@@ -135,8 +135,10 @@ class Site:
     def resolve(self, model: Any, seq_len: int) -> Site:
         """Check every index against the model and sequence; return a site with full ranges.
 
-        Raises :class:`BadInputError` naming the first out-of-range index.
+        Raises :class:`BadInputError` naming the first out-of-range index, or the hook the
+        model does not have (a KeyError deep in the sweep before).
         """
+        Name(self.names_kind, 0).check(model)
         cfg = model.cfg
         own = KINDS[self.names_kind].unit or "channel"
         # units named by query heads are checked as heads, then become the KV heads they read

@@ -99,6 +99,9 @@ def build_model(arch: str, seed: int = 0) -> torch.nn.Module:
     model = getattr(transformers, arch)._from_config(config, attn_implementation="eager")
     head = model.get_output_embeddings()
     with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        if bool((emb[BOS] == 0).all()):  # pad_token_id = BOS: a zero row, a dead position 0
+            emb[BOS] = torch.randn(emb.shape[1]) * emb[:BOS].std()
         for p in model.parameters():  # init std 0.02 gives tiny attention scores: 5x
             if p.dim() == 2 and p is not head.weight:
                 p.mul_(5.0)

@@ -3,14 +3,16 @@
 
 Each entry is a strict xfail with its reason: fixing the cause makes the test pass, which
 fails the suite until the entry is removed here. ``"*"`` stands for every check of the
-architecture. Architectures the generic tiny-config builder cannot build are listed too: they
+architecture, ``"path:*"`` every receiver of the path check (likewise ``discovery:*``,
+``intervention:*``, ``activation:*``). Architectures the generic tiny-config builder cannot build are listed too: they
 are a limit of the suite's builder, not a verdict on mechsink.
 """
 
 from __future__ import annotations
 
 CHECKS = ("logits", "wrap", "unembed", "start_at_layer", "census", "activation:<site>",
-          "logit_metric")
+          "logit_metric", "path:<receiver>", "discovery:<receiver>", "intervention:<edit>",
+          "qkv", "qkv_edit", "parallel:<site>")
 
 NOT_BUILT = "the suite's generic tiny config does not build this architecture"
 
@@ -125,9 +127,157 @@ EXPECTED: dict[tuple[str, str], str] = {
         'the tiny YoutuForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-singleton d',
     ('Zamba2ForCausalLM', '*'):
         "the tiny Zamba2ForCausalLM could not be built: TypeError: 'NoneType' object is not iterable",
+    ('AfmoeForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('BloomForCausalLM', 'discovery:k'):
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
+    ('BloomForCausalLM', 'discovery:q'):
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
+    ('BloomForCausalLM', 'discovery:v'):
+        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
+    ('DeepseekV4ForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('DeepseekV4ForCausalLM', 'intervention:ablate'):
+        'no reference: the hand edit finds no single attention output projection in this transformers block',
+    ('DeepseekV4ForCausalLM', 'intervention:mask'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_attn_scores\' does not exist on this model."',
+    ('DeepseekV4ForCausalLM', 'intervention:scale'):
+        'KeyError: "Hook name \'blocks.1.hook_resid_pre\' does not exist on this model."',
+    ('DeepseekV4ForCausalLM', 'path:*'):
+        'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\', \'blocks.0.hook_mlp_out\', \'blocks.1.hook_mlp_out\'] matched no hook p',
+    ('Exaone4ForCausalLM', 'discovery:k'):
+        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Exaone4ForCausalLM', 'discovery:metric'):
+        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Exaone4ForCausalLM', 'discovery:q'):
+        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Exaone4ForCausalLM', 'discovery:v'):
+        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('FlexOlmoForCausalLM', 'discovery:k'):
+        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('FlexOlmoForCausalLM', 'discovery:metric'):
+        "exact edge 2e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('FlexOlmoForCausalLM', 'discovery:v'):
+        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('GPTJForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('Gemma2ForCausalLM', 'discovery:v'):
+        'exact edge off path patching (discover/run.py, not diagnosed)',
+    ('Glm4ForCausalLM', 'discovery:k'):
+        "exact edge 1e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Glm4ForCausalLM', 'discovery:metric'):
+        "exact edge 5e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Glm4ForCausalLM', 'discovery:q'):
+        "exact edge 2e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Glm4ForCausalLM', 'discovery:v'):
+        "exact edge 1e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('GptOssForCausalLM', 'intervention:mask'):
+        "GPT-OSS's learned sink logit keeps its share under a mask: a one-hot pattern (attend_only_to_self) is not the mask edit (0.38 off)",
+    ('JetMoeForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('JetMoeForCausalLM', 'intervention:ablate'):
+        'no reference: the hand edit finds no single attention output projection in this transformers block',
+    ('JetMoeForCausalLM', 'intervention:mask'):
+        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
+    ('JetMoeForCausalLM', 'path:*'):
+        'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\'] matched no hook points on this model; check the name against model.',
+    ('LagunaForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('Llama4ForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('ModernBertDecoderForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('MptForCausalLM', 'discovery:k'):
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
+    ('MptForCausalLM', 'discovery:q'):
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
+    ('MptForCausalLM', 'discovery:v'):
+        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
+    ('NanoChatForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('OPTForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('Olmo2ForCausalLM', 'discovery:k'):
+        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo2ForCausalLM', 'discovery:metric'):
+        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo2ForCausalLM', 'discovery:q'):
+        "exact edge 4e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo2ForCausalLM', 'discovery:v'):
+        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo3ForCausalLM', 'discovery:k'):
+        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo3ForCausalLM', 'discovery:metric'):
+        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo3ForCausalLM', 'discovery:q'):
+        "exact edge 9e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('Olmo3ForCausalLM', 'discovery:v'):
+        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('OlmoHybridForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('OlmoHybridForCausalLM', 'intervention:ablate'):
+        'KeyError: "Hook name \'blocks.0.attn.hook_z\' does not exist on this model."',
+    ('OlmoHybridForCausalLM', 'path:*'):
+        "KeyError: 'blocks.0.attn.hook_z'",
+    ('OpenAIGPTLMHeadModel', 'discovery:k'):
+        "exact edge 3e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('OpenAIGPTLMHeadModel', 'discovery:metric'):
+        "exact edge 7e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('OpenAIGPTLMHeadModel', 'discovery:q'):
+        "exact edge 6e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('OpenAIGPTLMHeadModel', 'discovery:v'):
+        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
+    ('RwkvForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('RwkvForCausalLM', 'intervention:ablate'):
+        'BadInputError: head index out of range in [1]: blocks.0.attn.hook_z has 1.',
+    ('RwkvForCausalLM', 'intervention:mask'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_attn_scores\' does not exist on this model."',
+    ('RwkvForCausalLM', 'path:*'):
+        'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\', \'blocks.0.hook_mlp_out\', \'blocks.1.hook_mlp_out\'] matched no hook p',
+    ('XGLMForCausalLM', 'discovery:*'):
+        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
+    ('XGLMForCausalLM', 'intervention:mask'):
+        "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
+    ('DeepseekV4ForCausalLM', 'qkv'):
+        "KeyError: 'blocks.0.attn.hook_q'",
+    ('DeepseekV4ForCausalLM', 'qkv_edit'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_k\' does not exist on this model."',
+    ('HunYuanDenseV1ForCausalLM', 'qkv'):
+        'HunYuan normalises q and k after the rotary embedding: hook_rot_q/k hold them before that norm (0.41 off what its scores use)',
+    ('HunYuanDenseV1ForCausalLM', 'qkv_edit'):
+        'HunYuan normalises q and k after the rotary embedding: an edit of hook_rot_k is normalised away (0.63 off)',
+    ('JetMoeForCausalLM', 'qkv'):
+        "KeyError: 'blocks.0.attn.hook_rot_q' (JetMoe's mixture-of-attention bridge has no hook_q/k/v)",
+    ('JetMoeForCausalLM', 'qkv_edit'):
+        "a rotated-key edit is 0.016 off transformers' same edit (mixture-of-attention heads; not diagnosed)",
+    ('MptForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('MptForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OlmoHybridForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OlmoHybridForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OpenAIGPTLMHeadModel', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('OpenAIGPTLMHeadModel', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('XGLMForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('XGLMForCausalLM', 'qkv_edit'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('RwkvForCausalLM', 'qkv'):
+        "no reference: transformers' attention here has no eager function, rotary function or fused split for the test to record",
+    ('RwkvForCausalLM', 'qkv_edit'):
+        'KeyError: "Hook name \'blocks.1.attn.hook_k\' does not exist on this model."',
+    ('OPTForCausalLM', 'qkv'):
+        'OPT multiplies its queries by d_head^-0.5 before attention: hook_q is the unscaled projection (cosines unaffected)',
 }
 
 
 def reason(arch: str, check: str) -> str | None:
     """Why (arch, check) is expected to fail, or None when it must pass."""
-    return EXPECTED.get((arch, check)) or EXPECTED.get((arch, "*"))
+    family = check.split(":", 1)[0] + ":*"
+    return EXPECTED.get((arch, check)) or EXPECTED.get((arch, family)) \
+        or EXPECTED.get((arch, "*"))

@@ -1,6 +1,6 @@
 """The README's support matrix, generated from the architecture suite.
 
-``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` runs
+``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` (``--help``) runs
 ``tests/architectures`` once with every xfail run as a normal test (``--runxfail``; or reads a
 JUnit report of such a run), takes each test's largest relative difference (its ``diff``
 property) and writes one Markdown row per architecture: the largest difference of each check,
@@ -10,6 +10,7 @@ or the first line of why it fails, with the TransformerLens and transformers ver
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata as md
 import re
 import subprocess
@@ -25,6 +26,10 @@ COLUMNS = {
     "start_at_layer", "census_equals_hand_computation": "census",
     "activation_patching_equals_transformer_lens": "activation",
     "builtin_logit_metric_equals_plain_callable": "LogitDiff",
+    "path_patching_equals_hand_reference": "path", "exact_edges_equal_path_patching":
+    "discovery", "interventions_equal_hand_edits": "interventions",
+    "qkv_equal_transformers": "q/k/v", "rotated_key_edit_equals_transformers": "q/k/v",
+    "parallel_block_sites_equal_plain_hooks": "parallel block",
 }
 
 
@@ -69,14 +74,18 @@ def cells(report: Path) -> dict[str, dict[str, str]]:
 def markdown(rows: dict[str, dict[str, str]]) -> str:
     head = (f"Made with TransformerLens {md.version('transformer-lens')} and transformers "
             f"{md.version('transformers')}: the largest difference from the reference, "
-            "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails.\n\n")
-    cols = list(COLUMNS.values())
+            "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails; – where "
+            "the check does not apply (parallel block: only models with parallel attention + "
+            "MLP).\n\n")
+    cols = list(dict.fromkeys(COLUMNS.values()))
     lines = ["| architecture | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]
     for arch in sorted(rows):
-        row = [rows[arch].get(c, "") for c in cols]
-        if len(set(row)) == 1 and row[0].startswith("✗"):  # one cause for every check
-            row = [row[0]] + ["✗ (same)"] * (len(cols) - 1)
+        row = [rows[arch].get(c, "–") for c in cols]
+        applies = [c for c in row if c != "–"]
+        if len(set(applies)) == 1 and applies[0].startswith("✗"):  # one cause for every check
+            first = row.index(applies[0])
+            row = [c if c == "–" or i == first else "✗ (same)" for i, c in enumerate(row)]
         lines.append(f"| {arch} | " + " | ".join(row) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -92,22 +101,45 @@ def into_readme(text: str) -> None:
     README.write_text(readme[:start] + text + readme[end:], encoding="utf-8")
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line: where the table goes and whether to run the suite."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.architectures.matrix",
+        description="Run the architecture suite (xfails as normal tests) and write its "
+                    "support matrix as Markdown: to OUT.md, into the README (--readme) or "
+                    "to stdout.")
+    parser.add_argument("out", nargs="?", type=Path, default=None, metavar="OUT.md",
+                        help="file to write the table to (default: print it)")
+    parser.add_argument("--readme", action="store_true",
+                        help="replace the table between the README's support-matrix markers")
+    parser.add_argument("--junit", type=Path, default=None, metavar="REPORT.xml",
+                        help="read this JUnit report of a --runxfail run instead of running "
+                             "the suite")
+    args = parser.parse_args(argv)
+    if args.out is not None and str(args.out).startswith("-"):
+        parser.error(f"output path {str(args.out)!r} starts with '-': it looks like an "
+                     f"option; write ./{args.out} to mean a file.")
+    if args.out is not None and args.readme:
+        parser.error("give OUT.md or --readme, not both.")
+    if args.junit is not None and not args.junit.is_file():
+        parser.error(f"--junit {args.junit}: no such file.")
+    return args
+
+
 def main(argv: list[str]) -> None:
-    junit = Path(argv[argv.index("--junit") + 1]) if "--junit" in argv else None
-    rest = [a for i, a in enumerate(argv) if a not in ("--junit", "--readme")
-            and (i == 0 or argv[i - 1] != "--junit")]
+    args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
+        junit = args.junit
         if junit is None:
             junit = Path(tmp) / "suite.xml"
             run_suite(junit)
         text = markdown(cells(junit))
-    if "--readme" in argv:
+    if args.readme:
         into_readme(text)
-    elif rest:
-        Path(rest[0]).write_text(text, encoding="utf-8")
+    elif args.out is not None:
+        args.out.write_text(text, encoding="utf-8")
     else:
         print(text)
-
 
 if __name__ == "__main__":
     main(sys.argv[1:])
