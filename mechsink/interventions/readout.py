@@ -38,10 +38,9 @@ from mechsink.measure.super_neurons import HOOKS as SPIKE_HOOKS
 from mechsink.measure.super_neurons import (
     SET_HOOKS,
     SuperNeuronSet,
-    complete_set,
     super_neuron_sets,
 )
-from mechsink.model import act_name, down_projection
+from mechsink.model import act_name, down_projection, down_projection_bias, post_mlp_norms
 
 
 def read_with_edits(
@@ -305,8 +304,10 @@ def massive_channel_sets(
     blocks up to the peak whose write has the sign of the channel's peak value.
     """
     n_layers, w_out = int(model.cfg.n_layers), down_projection(model)
+    norms, b_out = post_mlp_norms(model), down_projection_bias(model)
     found = measure_forward(model, tokens, {"sets": of_cache(
-        SET_HOOKS, lambda cache: super_neuron_sets(cache, w_out, coverage=coverage))})["sets"]
+        SET_HOOKS, lambda cache: super_neuron_sets(cache, w_out, coverage=coverage,
+                                                   post_norms=norms, b_out=b_out))})["sets"]
     resid0 = found.resid0.double().mean(0)  # [layer, d_model]
     channel = int(resid0.abs().amax(0).argmax())
     values = resid0[:, channel].tolist()
@@ -317,10 +318,7 @@ def massive_channel_sets(
     by_layer: dict[int, SuperNeuronSet] = {s.layer: s for s in found.sets()
                                            if s.channel == channel}
     if creating not in by_layer:  # a write under the spike threshold: still give its set
-        by_layer[creating] = complete_set(found.post0[:, creating],
-                                           found.out0[:, creating, channel],
-                                           found.w_out[creating, :, channel], coverage,
-                                           creating, channel)
+        by_layer[creating] = found.set_of(creating, channel)
     sign = 1.0 if values[peak] >= 0 else -1.0
     builders = sorted(lay for lay, s in by_layer.items()
                       if lay <= peak and sign * s.write > 0)

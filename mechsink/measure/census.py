@@ -50,7 +50,9 @@ from mechsink.model import (
     bos_token_id,
     check_seq_len,
     down_projection,
+    down_projection_bias,
     head_output_weights,
+    post_mlp_norms,
     token_strings,
     true_dtype,
 )
@@ -284,7 +286,8 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
     if w_out is None:
         why += " (super neurons need one MLP down projection per layer; a mixture-of-experts " \
                "MLP has one per expert)"
-    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why)
+    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why,
+                         post_norms=post_mlp_norms(model), b_out=down_projection_bias(model))
 
 
 @contextmanager

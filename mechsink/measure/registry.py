@@ -35,6 +35,8 @@ class CensusContext:
     eps: float = sinks.DEFAULT_EPS  # sink-rate threshold
     position: int = 0  # the key position the sink scores are of
     no_w_out: str = ""  # why w_out is None (a mixture-of-experts MLP has no single one)
+    post_norms: tuple[Any, ...] = ()  # per block the post-MLP norm (None: none); see model
+    b_out: Float[Tensor, "layer d_model"] | None = None  # down projection biases
 
     def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
         """``w_out``, or a BadInputError saying why the model has none."""
@@ -121,8 +123,8 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("mlp", super_neurons.HOOKS,
                       lambda cache, c: super_neurons.mlp_spikes(cache, c.down_projections())),
     CensusMeasurement("super_sets", super_neurons.SET_HOOKS,
-                      lambda cache, c: super_neurons.super_neuron_sets(cache,
-                                                                       c.down_projections())),
+                      lambda cache, c: super_neurons.super_neuron_sets(
+                          cache, c.down_projections(), post_norms=c.post_norms, b_out=c.b_out)),
     CensusMeasurement("norm_ratio", norms.RESID_HOOKS,
                       lambda cache, c: norms.first_token_norm_ratio(cache)),
     CensusMeasurement("value_drain", norms.VALUE_HOOKS,
