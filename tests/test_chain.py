@@ -294,3 +294,27 @@ def test_validate_sets_zeroes_the_set_and_a_random_twin_as_the_hand_computation(
     expected = ("carries the sink" if off < 0.5 * clean else "moves the sink")
     assert c.verdict == expected and v.carrier == 0
     assert v.to_dict()["carrier_block"] == 0 and v.to_dict()["sets"][0]["verdict"] == expected
+
+
+def test_the_census_says_which_block_carries_the_sink(planted, tokens):
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.interventions.set_validation import validate_sets
+    from mechsink.measure.census import census, census_json
+
+    c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)], progress=lambda *a: 0)
+    field = c.to_dict()["super_neuron_causality"]
+    assert field["run"] == "natural/bos" and field["carrier_block"] == 0
+    (s,) = c.runs[0].super_sets.sets()
+    direct = validate_sets(planted, tokens, [s]).to_dict()
+    assert field["sets"] == direct["sets"]
+    assert '"super_neuron_causality"' in census_json(c)
+    off = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)],
+                 progress=lambda *a: 0, validate_sets=False)
+    assert "super_neuron_causality" not in off.to_dict()
+
+
+def test_the_census_says_why_no_set_could_be_validated(llama_tiny):
+    from mechsink.measure.census import census
+
+    c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8, progress=lambda *a: 0)
+    assert set(c.to_dict()["super_neuron_causality"]) == {"not_applicable"}

@@ -190,3 +190,35 @@ def validate_sets(
     moving = [c for c in checks if c.verdict in ("carries the sink", "moves the sink")]
     carrier = max(moving, key=_drop_mean).layer if moving else None
     return SetValidation(frames, cleans, tuple(checks), carrier, int(tokens.shape[0]))
+
+
+# --- the census's field: which block's set carries the sink, on one of its runs ---------------
+
+PREFERRED_RUNS = ("natural/bos", "natural/nobos", "natural/randfirst")
+
+
+def census_validation(
+    model: Any, runs: Sequence[Any], tokens: Sequence[Tensor], *, eps: float = DEFAULT_EPS,
+    seed: int = 0, batch_size: int = 8,
+) -> dict[str, Any]:
+    """``census.json``'s ``super_neuron_causality``: :func:`validate_sets` of the named sets of
+    one census run (natural text first, BOS first; ``runs`` and ``tokens`` in the same order),
+    on that run's prompts; or ``{"not_applicable": why}``."""
+    order = sorted(range(len(runs)), key=lambda i: (
+        PREFERRED_RUNS.index(runs[i].name) if runs[i].name in PREFERRED_RUNS else 99, i))
+    for i in order:
+        found = runs[i].measurements.get("super_sets")
+        sets = getattr(found, "sets", None)
+        if sets is None:
+            continue
+        named = [s for s in sets() if s.units]
+        if not named:
+            continue
+        out = validate_sets(model, tokens[i], named, eps=eps, seed=seed,
+                            batch_size=batch_size).to_dict()
+        return {"run": runs[i].name, **out}
+    found = next((r.measurements.get("super_sets") for r in runs), None)
+    why = (getattr(found, "reason", None) or
+           "no run has a super-neuron set (no massive channel at position 0 that an MLP writes "
+           "above the spike threshold)")
+    return {"not_applicable": why}

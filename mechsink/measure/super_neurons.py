@@ -279,6 +279,22 @@ POST_NORM_BASIS = ("residual write after the post-MLP norm (shares: what zeroing
                    "removes from hook_mlp_out, run through the model's own norm)")
 
 
+POOL = 64  # residual_set's candidates: this many by channel write and as many by output size
+
+
+def candidate_pool(
+    post0: Float[Tensor, "batch d_mlp"], w_out: Float[Tensor, "d_mlp d_model"], channel: int,
+    size: int = POOL,
+) -> Int[Tensor, " pool"]:
+    """The neurons :func:`residual_set` tries: the ``size`` largest mean ``|post W_out[n, c]|``
+    (what writes the channel) and the ``size`` largest mean ``post^2 |W_out[n]|^2`` (what sets
+    the norm's denominator); a neuron outside both moves neither."""
+    writes = (post0 * w_out[:, channel][None]).abs().mean(0)
+    loud = (post0.square() * w_out.square().sum(1)[None]).mean(0)
+    k = min(size, post0.shape[1])
+    return torch.unique(torch.cat([writes.topk(k).indices, loud.topk(k).indices]))
+
+
 @torch.no_grad()
 def residual_set(
     post0: Float[Tensor, "batch d_mlp"], out0: Float[Tensor, " batch"],
@@ -288,7 +304,8 @@ def residual_set(
     """The fewest neurons whose zeroing at position 0 removes ``coverage`` of what the block
     writes into ``channel`` *after its post-MLP norm*: greedily, each step adds the neuron whose
     zeroing lowers the (signed, summed over sequences) residual write most, every candidate run
-    through ``norm`` (the model's own module) as the model would run it.
+    through ``norm`` (the model's own module) as the model would run it. The candidates are
+    :func:`candidate_pool`'s (at most ``2 x POOL`` neurons).
 
     The neurons' write is ``norm(y)_c - norm(b_out)_c`` with ``y = post @ W_out + b_out`` (the
     bias alone is no position-0 write); a neuron's contribution is its marginal removal when it
@@ -300,23 +317,24 @@ def residual_set(
     neuron_write = normed - base  # [batch]
     total = float(neuron_write.double().mean())
     sign = 1.0 if total >= 0 else -1.0
+    pool = candidate_pool(p, w, channel)
+    pw = p[:, pool, None] * w[pool][None]  # [batch, pool, d_model]: each candidate's write
     cur = y.clone()
     current = normed.clone()
     chosen: list[tuple[int, float]] = []
-    taken = torch.zeros(p.shape[1], dtype=torch.bool)
-    for _ in range(min(max_size, p.shape[1])):
+    taken = torch.zeros(len(pool), dtype=torch.bool)
+    for _ in range(min(max_size, len(pool))):
         if total != 0 and sign * float((normed - current).double().mean()) >= coverage * abs(total):
             break
-        cand = torch.stack([norm(cur[b][None] - p[b][:, None] * w).float()[:, channel]
-                            for b in range(p.shape[0])])  # [batch, d_mlp]
+        cand = norm(cur[:, None] - pw).float()[..., channel]  # [batch, pool]
         gain = sign * (current[:, None] - cand).double().mean(0)  # mean lowering per neuron
         gain[taken] = -float("inf")
         best = int(gain.argmax())
         if not gain[best] > 0:
             break
         taken[best] = True
-        chosen.append((best, sign * float(gain[best])))
-        cur -= p[:, best, None] * w[best][None]
+        chosen.append((int(pool[best]), sign * float(gain[best])))
+        cur -= pw[:, best]
         current = cand[:, best]
     removed = (normed - current).double()
     explained = float(removed.mean() / total) if total else float("nan")
