@@ -48,7 +48,10 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
         assert row["sink_rate"]["low"] <= row["sink_rate"]["mean"] <= row["sink_rate"]["high"]
     assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
                                                             "channel planted"}
-    assert {"C1", "C2", "C3", "C4"} <= set(result["verdicts"])
+    assert {"C1", "C2", "C3", "C4", "C2, the set that carries the sink"} <= set(
+        result["verdicts"])
+    validation = result["set_validation"]  # every set zeroed against a random twin, or why not
+    assert "not_applicable" in validation or {"carrier_block", "sets"} <= set(validation)
     assert all(v["criterion"] for v in result["verdicts"].values())
     assert [r["condition"] for r in result["surgery"]["rows"]][0] == "clean"
     summary = (out / "summary.md").read_text()
@@ -134,3 +137,35 @@ def test_p0_sink_on_smollm2_path_patching_finds_the_super_neuron():
     assert neuron["via_mlp_to_channel"] > 0.5 * result["clean"]["via_mlp_to_channel"]
     layer0 = [n for n in result["nodes"] if n["name"].startswith("L0H")]
     assert max(abs(n["via_mlp_to_channel"]) for n in layer0) < neuron["via_mlp_to_channel"]
+
+
+def _check(layer, verdict, zeroed, random):
+    iv = lambda m: {"mean": m, "low": m - 0.01, "high": m + 0.01}  # noqa: E731
+    return {"layer": layer, "channel": 7, "size": 2, "verdict": verdict,
+            "zeroed": {"late_sink_score": iv(zeroed), "sink_rate": iv(zeroed), "channel": iv(1.0)},
+            "random": {"late_sink_score": iv(random), "sink_rate": iv(random), "channel": iv(9.0)}}
+
+
+def test_the_carrier_verdict_and_the_atlas_c2_cell_read_the_validation():
+    from mechsink.experiments.atlas import _c2_cell
+    from mechsink.experiments.structural_origin import carrier_verdict
+
+    iv = {"mean": 0.85, "low": 0.84, "high": 0.86}
+    validation = {"carrier_block": 9, "n_prompts": 4,
+                  "clean": {"7": {"late_sink_score": iv, "sink_rate": iv}},
+                  "sets": [_check(5, "no effect beyond a random set", 0.86, 0.85),
+                           _check(9, "carries the sink", 0.35, 0.84)]}
+    v = carrier_verdict(validation)
+    assert v["verdict"] == "supported" and v["carrier_block"] == "9"
+    assert "block 9" in v["evidence"] and "0.35" in v["evidence"]
+    validation["sets"][1]["verdict"] = "moves the sink"
+    assert carrier_verdict(validation)["verdict"] == "partial"
+    c2 = {"verdict": "supported", "criterion": "the channel goes", "evidence": "channel 0.1"}
+    cell = _c2_cell({"C2": c2, "C2, the set that carries the sink": v}, "m/so", None)
+    assert cell["verdict"] == "supported" and cell["carrier_block"] == "9"
+    assert "the channel goes" in cell["criterion"] and "block 9" in cell["evidence"]
+    no = {**v, "verdict": "not supported"}
+    assert _c2_cell({"C2": c2, "C2, the set that carries the sink": no}, "m/so", None)[
+        "verdict"] == "partial"
+    assert _c2_cell({"C2": c2}, "m/so", None)["verdict"] == "supported"  # older results
+    assert carrier_verdict({"not_applicable": "no set"})["verdict"] == "not measured"
