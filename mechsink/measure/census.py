@@ -52,6 +52,7 @@ from mechsink.model import (
     down_projection,
     down_projection_bias,
     head_output_weights,
+    moe_experts,
     post_mlp_norms,
     token_strings,
     true_dtype,
@@ -308,7 +309,8 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
         why += " (super neurons need one MLP down projection per layer; a mixture-of-experts " \
                "MLP has one per expert)"
     return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why,
-                         post_norms=post_mlp_norms(model), b_out=down_projection_bias(model))
+                         post_norms=post_mlp_norms(model), b_out=down_projection_bias(model),
+                         moe=moe_experts(model))
 
 
 @contextmanager
