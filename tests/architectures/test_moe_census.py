@@ -80,7 +80,7 @@ def test_moe_census_reports_experts_and_router_as_transformers_computes_them(arc
     got = run["experts"]
     ref = _reference(_planted(arch), tokens)
     n_pos = tokens.shape[1]
-    for layer, (x, weights, idx, hidden) in ref.items():
+    for layer, (_x, weights, idx, hidden) in ref.items():
         # the router at position 0: experts, how many sequences chose each, mean weight
         first = torch.arange(tokens.shape[0]) * n_pos
         chosen: dict[int, list[float]] = {}
