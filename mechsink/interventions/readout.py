@@ -180,10 +180,11 @@ def measure(
     *,
     channels: Sequence[int] = (),
     batch_size: int = 8,
+    loss: bool = True,
 ) -> Readout:
     """Run ``tokens`` with ``edits`` in place (removed afterwards), ``batch_size`` sequences per
     forward, and read the channels at position 0, the sink scores at key 0 and the next-token
-    loss, per prompt."""
+    loss, per prompt (``loss=False``: no unembedding, the loss is NaN)."""
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise BadInputError("tokens must be [batch, pos] with at least two positions.")
     if batch_size is None:
@@ -191,14 +192,17 @@ def measure(
     check_batch_size(batch_size)
     chans = [int(c) for c in channels]
     n_layers = int(model.cfg.n_layers)
-    wanted = {"scores": _key0_scores(n_layers), "loss": NEXT_TOKEN_LOSS}
+    wanted = {"scores": _key0_scores(n_layers)}
+    if loss:
+        wanted["loss"] = NEXT_TOKEN_LOSS
     if chans:
         channels_at_0 = resid_at(n_layers, 0, chans)
         wanted["channels"] = Measurement(
             channels_at_0.hooks, lambda forward: channels_at_0.read(forward).float().cpu())
     got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
     ch = got["channels"] if chans else torch.zeros(tokens.shape[0], n_layers, 0)
-    return Readout(ch, got["scores"], got["loss"])
+    nan = torch.full((tokens.shape[0],), float("nan"))
+    return Readout(ch, got["scores"], got["loss"] if loss else nan)
 
 
 # --- the targets: the massive channel and the neurons that write it ----------------------------

@@ -3,13 +3,14 @@ super-neuron set if zeroing it moves the channel and the sink, beyond what zeroi
 neurons of the same block does.
 
 For every set (one block, one channel) :func:`validate_sets` runs the prompts three ways: clean,
-the set's neurons zeroed at position 0, and a same-size random set of the same block (none of the
-set's neurons) zeroed at position 0. Every run is read through one :class:`Frame` (the clean
-run's sink heads, the late layers after the last block holding a set, the channel where it
-peaks), with 95% bootstrap intervals over prompts of each figure and of the per-prompt
-differences (clean - zeroed, random - zeroed). The block whose set carries the sink is the one
-whose zeroing lowers the late-layer sink score most among the sets that lower it beyond the
-random baseline. Super neurons: Yu et al. (2024), "The Super Weight in Large Language Models";
+the set's neurons zeroed at position 0, and a same-size random set of the same block (none of
+the set's neurons) zeroed at position 0. Every run is read through one :class:`Frame` (the clean
+run's sink heads, the late layers: the last third of the blocks, the channel where it peaks from
+the first block holding a set on), with 95% bootstrap intervals over prompts of each figure and
+of the per-prompt differences (clean - zeroed, random - zeroed). The block whose set carries the
+sink is the one whose zeroing lowers the late-layer sink score most among the sets that lower it
+beyond the random baseline.
+Super neurons: Yu et al. (2024), "The Super Weight in Large Language Models";
 sink score: Gu et al. (2024), "When Attention Sink Emerges in Language Models".
 """
 
@@ -107,6 +108,12 @@ class SetValidation:
                 "sets": [c.to_dict() for c in self.checks]}
 
 
+def late_layers(n_layers: int) -> tuple[int, ...]:
+    """The last third of the blocks (at least one): one late-layer frame for every set, so the
+    blocks' sets are compared on the same heads."""
+    return tuple(range(n_layers - max(1, n_layers // 3), n_layers))
+
+
 def random_units(d_mlp: int, size: int, exclude: Sequence[int], seed: int) -> tuple[int, ...]:
     """``size`` distinct neurons of a block of ``d_mlp``, none in ``exclude``, drawn from
     ``seed``."""
@@ -159,21 +166,22 @@ def validate_sets(
         raise BadInputError("validate_sets needs at least one non-empty super-neuron set.")
     channels = sorted({s.channel for s in sets})
     d_mlp = int(true_d_mlp(model) or model.cfg.d_mlp)
-    clean = measure(model, tokens, channels=channels, batch_size=batch_size)
-    last = max(s.layer for s in sets)
+    clean = measure(model, tokens, channels=channels, batch_size=batch_size, loss=False)
+    late = late_layers(int(model.cfg.n_layers))
     frames, cleans = {}, {}
     for i, ch in enumerate(channels):
         first = min(s.layer for s in sets if s.channel == ch)
         mag = clean.channels[..., i].abs().mean(0)
         peak = first + int(mag[first:].argmax())
-        frames[ch] = make_frame(model, _only(clean, i), [last], eps=eps, channel_layer=peak)
+        frames[ch] = make_frame(model, _only(clean, i), [], eps=eps, late_layers=late,
+                                channel_layer=peak)
         cleans[ch] = summarise(_only(clean, i), frames[ch], n_boot=n_boot, seed=seed)
     checks = []
     for s in sets:
         i, frame = channels.index(s.channel), frames[s.channel]
         rand = random_units(d_mlp, len(s.units), s.units, seed + s.layer)
         runs = [_only(measure(model, tokens, neuron_set(model, s.layer, units).edits(0.0),
-                              channels=channels, batch_size=batch_size), i)
+                              channels=channels, batch_size=batch_size, loss=False), i)
                 for units in (s.units, rand)]
         c0 = _only(clean, i)
         ly = frame.channel_layer
