@@ -153,7 +153,7 @@ def test_the_carrier_verdict_and_the_atlas_c2_cell_read_the_validation():
     iv = {"mean": 0.85, "low": 0.84, "high": 0.86}
     validation = {"carrier_block": 9, "n_prompts": 4,
                   "clean": {"7": {"late_sink_score": iv, "sink_rate": iv}},
-                  "sets": [_check(5, "no effect beyond a random set", 0.86, 0.85),
+                  "sets": [_check(5, "does not carry the sink", 0.86, 0.85),
                            _check(9, "carries the sink", 0.35, 0.84)]}
     v = carrier_verdict(validation)
     assert v["verdict"] == "supported" and v["carrier_block"] == "9"

@@ -33,12 +33,15 @@ from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.super_neurons import SuperNeuronSet
 from mechsink.model import true_d_mlp
 
+MOVE_SHARE = 0.1  # a set moves the sink when zeroing it lowers it by at least this share
+
 CRITERION = ("a set carries the sink if zeroing it at position 0 lowers the late-layer sink "
              "score below half its clean value, and the 95% intervals over prompts of "
              "clean - zeroed and of random - zeroed (a same-size random set of the same block) "
-             "both exclude 0; it moves the sink if both intervals exclude 0 but the drop is "
-             "smaller; else it has no effect beyond a random set. The carrier is the block "
-             "whose set lowers the late-layer sink score most among those that carry or move it")
+             "both exclude 0; it moves the sink if both intervals exclude 0 and the drop is at "
+             f"least {MOVE_SHARE:.0%} of the clean value; else it does not carry the sink. The "
+             "carrier is the block whose set lowers the late-layer sink score most among those "
+             "that carry or move it")
 
 
 @dataclass(frozen=True)
@@ -146,8 +149,11 @@ def _verdict(drop: Interval | None, beyond: Interval | None, clean: Interval | N
     if drop is None or beyond is None or clean is None or zeroed is None:
         return "not measured (no sink heads in the late layers)"
     if drop.low > 0 and beyond.low > 0:
-        return "carries the sink" if zeroed.mean < 0.5 * clean.mean else "moves the sink"
-    return "no effect beyond a random set"
+        if zeroed.mean < 0.5 * clean.mean:
+            return "carries the sink"
+        if drop.mean >= MOVE_SHARE * clean.mean:
+            return "moves the sink"
+    return "does not carry the sink"
 
 
 def _drop_mean(c: SetCheck) -> float:
