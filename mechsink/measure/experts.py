@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from mechsink.errors import BadInputError
 from mechsink.measure._cache import CacheLike, rounded
 from mechsink.model.moe import Experts
 
@@ -138,6 +139,22 @@ def _block(
     return max_abs, neuron, position, spikes
 
 
+def _check_shapes(layer: int, x: Tensor, idx: Tensor, wts: Tensor, ex: Experts) -> None:
+    """The MoE hooks as this measurement reads them, or a BadInputError saying what differs
+    (the census then reports the measurement as not applicable)."""
+    tokens = int(x.shape[0] * x.shape[1]) if x.ndim == 3 else -1
+    want = {"mlp.hook_in": (x.ndim == 3 and x.shape[2] == ex.gate.shape[2]),
+            "mlp.hook_expert_indices": idx.numel() == tokens * ex.top_k,
+            "mlp.hook_expert_weights": wts.numel() == tokens * ex.n_experts}
+    bad = [k for k, ok in want.items() if not ok]
+    if bad:
+        raise BadInputError(
+            f"block {layer}: {', '.join(bad)} do not have the shapes the per-expert measurement "
+            f"reads ([batch, pos, d_model]; [token, top_k={ex.top_k}]; [token, "
+            f"experts={ex.n_experts}]): got {tuple(x.shape)}, {tuple(idx.shape)}, "
+            f"{tuple(wts.shape)}")
+
+
 def expert_spikes(
     cache: CacheLike, experts: Sequence[Experts], threshold: float = SPIKE_THRESHOLD,
 ) -> ExpertSpikes:
@@ -149,6 +166,7 @@ def expert_spikes(
         wts = cache[f"blocks.{layer}.{HOOKS[2]}"].float()  # [token, expert], 0 where unrouted
         out = cache[f"blocks.{layer}.{HOOKS[3]}"]
         batch, n_pos = x.shape[:2]
+        _check_shapes(layer, x, idx, wts, ex)
         m, n, p, s = _block(x, out, idx.reshape(batch * n_pos, -1),
                             wts.reshape(batch * n_pos, -1), ex, layer, threshold)
         parts.append((m, n, p))
