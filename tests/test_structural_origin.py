@@ -169,3 +169,26 @@ def test_the_carrier_verdict_and_the_atlas_c2_cell_read_the_validation():
         "verdict"] == "partial"
     assert _c2_cell({"C2": c2}, "m/so", None)["verdict"] == "supported"  # older results
     assert carrier_verdict({"not_applicable": "no set"})["verdict"] == "not measured"
+
+
+@pytest.mark.slow
+def test_gemma3_block_5_names_the_channel_but_block_3_carries_the_sink():
+    """The issue's researcher, on Gemma-3-270M: block 5 raises channel 163 most in one step and
+    its one-neuron set explains its residual write, yet zeroing it leaves the sink; zeroing block
+    3's set (44 neurons on the residual write, 1 on the raw down projection) removes it."""
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.interventions.readout import massive_channel_sets
+    from mechsink.interventions.set_validation import validate_sets
+    from mechsink.model import load_model
+
+    model = load_model("gemma3-270m", device="cpu")
+    tokens = make_prompts(model, "natural", "bos", n=4, seq_len=32).tokens
+    found = massive_channel_sets(model, tokens)
+    assert found.channel == 163 and found.creating_layer == 5
+    s3, s5 = found.sets[3], found.sets[5]
+    assert s3.normed and len(s3.down_units) == 1 and len(s3.units) > 10  # the norm matters
+    v = validate_sets(model, tokens, [s3, s5], n_boot=500)
+    assert v.check(3).verdict == "carries the sink" and v.carrier == 3
+    assert v.check(5).verdict == "does not carry the sink"
+    rate, clean = v.check(3).zeroed.sink_rate, v.clean[163].sink_rate  # the issue: ~0.35, 0.852
+    assert rate.high < clean.low and rate.mean < 0.5 * clean.mean
