@@ -120,14 +120,14 @@ def test_a_chunk_keeps_only_its_own_numbers(llama_tiny):
 GEMMA_CHANNEL, GEMMA_LOUD = 7, 5  # the norm's gain blows channel 7 up; neuron 5 dominates y
 
 
-def _planted_gemma3():
-    """A tiny random-init Gemma 3 (transformers config) whose block 0 post-feedforward norm
+def _planted_gemma(arch: str = "Gemma3ForCausalLM"):
+    """A tiny random-init Gemma 2 or 3 (transformers config) whose block 0 post-feedforward norm
     multiplies channel 7 by 3e4 and whose neuron 5 writes 30x louder than the rest: it dominates
     the down projection's output (and its share of channel 7) but, under the norm, zeroing it
     only changes the direction the norm rescales."""
     from tests.architectures.builder import build_model
 
-    hf = build_model("Gemma3ForCausalLM")
+    hf = build_model(arch)
     layer = hf.model.layers[0]
     with torch.no_grad():
         layer.post_feedforward_layernorm.weight[GEMMA_CHANNEL] = 3e4
@@ -160,14 +160,15 @@ def _hf_write(hf, tokens, zero: list[int]) -> torch.Tensor:
     return seen["out"]
 
 
-def test_sets_after_a_post_mlp_norm_are_of_the_residual_write():
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Gemma2ForCausalLM"])
+def test_sets_after_a_post_mlp_norm_are_of_the_residual_write(arch):
     import mechsink
     from mechsink.measure.super_neurons import SET_HOOKS
     from mechsink.model import down_projection, down_projection_bias, post_mlp_norms
 
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, 64, (6, 12), generator=gen)  # no BOS: its embedding is the pad's
-    model = mechsink.wrap(_planted_gemma3())
+    model = mechsink.wrap(_planted_gemma(arch))
     with torch.no_grad():
         _, cache = model.run_with_cache(
             tokens, names_filter=lambda h: any(h.endswith(s) for s in SET_HOOKS))
@@ -178,7 +179,7 @@ def test_sets_after_a_post_mlp_norm_are_of_the_residual_write():
     assert s.normed and s.complete and found.to_dict()["super_neuron_sets"]["criterion"][
         "post_mlp_norm_blocks"] == [0, 1]
 
-    ref = _planted_gemma3()  # an untouched twin: transformers' own modules, no bridge
+    ref = _planted_gemma(arch)  # an untouched twin: transformers' own modules, no bridge
     clean = _hf_write(ref, tokens, [])
     assert s.write == pytest.approx(float(clean.mean()), rel=1e-4)
     # the raw down-projection shares (numpy, from transformers' own down_proj input) name
