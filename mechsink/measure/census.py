@@ -249,7 +249,7 @@ def census(
     with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
     ``validate_sets``: zero every named super-neuron set of one run (natural text first) and a
     same-size random set of its block, and say which block's set carries the sink
-    (``super_neuron_causality``; 1 + 2 x sets forwards of that run's prompts).
+    (``super_neuron_causality``; 1 + 2 x sets forwards of up to 16 of that run's prompts).
     """
     entries = _check_measurements(measurements)
     for what, names in (("suites", suites), ("variants", variants)):
