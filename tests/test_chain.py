@@ -266,3 +266,57 @@ def test_smollm2_complete_set_has_several_neurons_and_its_removal_moves_the_sink
     off, on = dr.row(0.0), dr.row(1.0)
     assert off.sink_rate.high < on.sink_rate.low  # intervals apart, downwards
     assert abs(off.channel.mean) < 0.1 * abs(on.channel.mean)
+
+
+def test_validate_sets_zeroes_the_set_and_a_random_twin_as_the_hand_computation(planted,
+                                                                                tokens):
+    from mechsink.interventions.set_validation import random_units, validate_sets
+
+    _, cache = planted.run_with_cache(tokens, names_filter=hook_names(
+        2, ["mlp.hook_post", "hook_mlp_out", "hook_resid_post"]))
+    (s,) = super_neuron_sets(cache, down_projection(planted)).sets()
+    v = validate_sets(planted, tokens, [s], n_boot=200)
+    (c,) = v.checks
+    assert (c.layer, c.channel, c.units) == (0, MASSIVE, (3, 5))
+    assert len(c.random_units) == 2 and not set(c.random_units) & {3, 5}
+    assert c.random_units == random_units(8, 2, [3, 5], 0)  # seed + layer 0: reproducible
+    kept = SHARES[2] if 6 not in c.random_units else 0.0
+    random_channel = _post() * W_SCALE * (SHARES[0] + SHARES[1] + kept)
+    assert v.clean[MASSIVE].channel.mean == pytest.approx(_channel(1.0), rel=1e-4)
+    assert c.zeroed.channel.mean == pytest.approx(_channel(0.0), rel=1e-4)
+    assert c.random.channel.mean == pytest.approx(random_channel, rel=1e-4)
+    clean, off = _gu_score(_channel(1.0)), _gu_score(_channel(0.0))
+    rand = _gu_score(random_channel)
+    assert c.zeroed.late_sink_score.mean == pytest.approx(off, abs=1e-5)
+    assert c.random.late_sink_score.mean == pytest.approx(rand, abs=1e-5)
+    assert c.sink_drop.mean == pytest.approx(clean - off, abs=1e-5)
+    assert c.beyond_random.mean == pytest.approx(rand - off, abs=1e-5)
+    expected = ("carries the sink" if off < 0.5 * clean else "moves the sink"
+                if clean - off >= 0.1 * clean else "does not carry the sink")
+    assert expected != "does not carry the sink"  # the planted set moves the sink
+    assert c.verdict == expected and v.carrier == 0
+    assert v.to_dict()["carrier_block"] == 0 and v.to_dict()["sets"][0]["verdict"] == expected
+
+
+def test_the_census_says_which_block_carries_the_sink(planted, tokens):
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.interventions.set_validation import validate_sets
+    from mechsink.measure.census import census, census_json
+
+    c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)], progress=lambda *a: 0)
+    field = c.to_dict()["super_neuron_causality"]
+    assert field["run"] == "natural/bos" and field["carrier_block"] == 0
+    (s,) = c.runs[0].super_sets.sets()
+    direct = validate_sets(planted, tokens, [s]).to_dict()
+    assert field["sets"] == direct["sets"]
+    assert '"super_neuron_causality"' in census_json(c)
+    off = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)],
+                 progress=lambda *a: 0, validate_sets=False)
+    assert "super_neuron_causality" not in off.to_dict()
+
+
+def test_the_census_says_why_no_set_could_be_validated(llama_tiny):
+    from mechsink.measure.census import census
+
+    c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8, progress=lambda *a: 0)
+    assert set(c.to_dict()["super_neuron_causality"]) == {"not_applicable"}

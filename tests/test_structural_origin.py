@@ -48,7 +48,10 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
         assert row["sink_rate"]["low"] <= row["sink_rate"]["mean"] <= row["sink_rate"]["high"]
     assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
                                                             "channel planted"}
-    assert {"C1", "C2", "C3", "C4"} <= set(result["verdicts"])
+    assert {"C1", "C2", "C3", "C4", "C2, the set that carries the sink"} <= set(
+        result["verdicts"])
+    validation = result["set_validation"]  # every set zeroed against a random twin, or why not
+    assert "not_applicable" in validation or {"carrier_block", "sets"} <= set(validation)
     assert all(v["criterion"] for v in result["verdicts"].values())
     assert [r["condition"] for r in result["surgery"]["rows"]][0] == "clean"
     summary = (out / "summary.md").read_text()
@@ -134,3 +137,58 @@ def test_p0_sink_on_smollm2_path_patching_finds_the_super_neuron():
     assert neuron["via_mlp_to_channel"] > 0.5 * result["clean"]["via_mlp_to_channel"]
     layer0 = [n for n in result["nodes"] if n["name"].startswith("L0H")]
     assert max(abs(n["via_mlp_to_channel"]) for n in layer0) < neuron["via_mlp_to_channel"]
+
+
+def _check(layer, verdict, zeroed, random):
+    iv = lambda m: {"mean": m, "low": m - 0.01, "high": m + 0.01}  # noqa: E731
+    return {"layer": layer, "channel": 7, "size": 2, "verdict": verdict,
+            "zeroed": {"late_sink_score": iv(zeroed), "sink_rate": iv(zeroed), "channel": iv(1.0)},
+            "random": {"late_sink_score": iv(random), "sink_rate": iv(random), "channel": iv(9.0)}}
+
+
+def test_the_carrier_verdict_and_the_atlas_c2_cell_read_the_validation():
+    from mechsink.experiments.atlas import _c2_cell
+    from mechsink.experiments.structural_origin import carrier_verdict
+
+    iv = {"mean": 0.85, "low": 0.84, "high": 0.86}
+    validation = {"carrier_block": 9, "n_prompts": 4,
+                  "clean": {"7": {"late_sink_score": iv, "sink_rate": iv}},
+                  "sets": [_check(5, "does not carry the sink", 0.86, 0.85),
+                           _check(9, "carries the sink", 0.35, 0.84)]}
+    v = carrier_verdict(validation)
+    assert v["verdict"] == "supported" and v["carrier_block"] == "9"
+    assert "block 9" in v["evidence"] and "0.35" in v["evidence"]
+    validation["sets"][1]["verdict"] = "moves the sink"
+    assert carrier_verdict(validation)["verdict"] == "partial"
+    c2 = {"verdict": "supported", "criterion": "the channel goes", "evidence": "channel 0.1"}
+    cell = _c2_cell({"C2": c2, "C2, the set that carries the sink": v}, "m/so", None)
+    assert cell["verdict"] == "supported" and cell["carrier_block"] == "9"
+    assert "the channel goes" in cell["criterion"] and "block 9" in cell["evidence"]
+    no = {**v, "verdict": "not supported"}
+    assert _c2_cell({"C2": c2, "C2, the set that carries the sink": no}, "m/so", None)[
+        "verdict"] == "partial"
+    assert _c2_cell({"C2": c2}, "m/so", None)["verdict"] == "supported"  # older results
+    assert carrier_verdict({"not_applicable": "no set"})["verdict"] == "not measured"
+
+
+@pytest.mark.slow
+def test_gemma3_block_5_names_the_channel_but_block_3_carries_the_sink():
+    """The issue's researcher, on Gemma-3-270M: block 5 raises channel 163 most in one step and
+    its one-neuron set explains its residual write, yet zeroing it leaves the sink; zeroing block
+    3's set (44 neurons on the residual write, 1 on the raw down projection) removes it."""
+    from mechsink.inputs.prompts import make_prompts
+    from mechsink.interventions.readout import massive_channel_sets
+    from mechsink.interventions.set_validation import validate_sets
+    from mechsink.model import load_model
+
+    model = load_model("gemma3-270m", device="cpu")
+    tokens = make_prompts(model, "natural", "bos", n=4, seq_len=32).tokens
+    found = massive_channel_sets(model, tokens)
+    assert found.channel == 163 and found.creating_layer == 5
+    s3, s5 = found.sets[3], found.sets[5]
+    assert s3.normed and len(s3.down_units) == 1 and len(s3.units) > 10  # the norm matters
+    v = validate_sets(model, tokens, [s3, s5], n_boot=500)
+    assert v.check(3).verdict == "carries the sink" and v.carrier == 3
+    assert v.check(5).verdict == "does not carry the sink"
+    rate, clean = v.check(3).zeroed.sink_rate, v.clean[163].sink_rate  # the issue: ~0.35, 0.852
+    assert rate.high < clean.low and rate.mean < 0.5 * clean.mean

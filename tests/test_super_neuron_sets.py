@@ -113,3 +113,97 @@ def test_a_chunk_keeps_only_its_own_numbers(llama_tiny):
                  for p, t in found if not p.endswith(".w_out")  # w_out: the model's weights
                  and t.untyped_storage().nbytes() > t.numel() * t.element_size()}
     assert not oversized
+
+
+# --- after a post-MLP norm (Gemma 2/3): the set is of what reaches the residual stream ---------
+
+GEMMA_CHANNEL, GEMMA_LOUD = 7, 5  # the norm's gain blows channel 7 up; neuron 5 dominates y
+
+
+def _planted_gemma(arch: str = "Gemma3ForCausalLM"):
+    """A tiny random-init Gemma 2 or 3 (transformers config) whose block 0 post-feedforward norm
+    multiplies channel 7 by 3e4 and whose neuron 5 writes 30x louder than the rest: it dominates
+    the down projection's output (and its share of channel 7) but, under the norm, zeroing it
+    only changes the direction the norm rescales."""
+    from tests.architectures.builder import build_model
+
+    hf = build_model(arch)
+    layer = hf.model.layers[0]
+    with torch.no_grad():
+        layer.post_feedforward_layernorm.weight[GEMMA_CHANNEL] = 3e4
+        layer.mlp.down_proj.weight[:, GEMMA_LOUD] *= 30.0
+    return hf
+
+
+def _hf_write(hf, tokens, zero: list[int]) -> torch.Tensor:
+    """transformers' own forward: block 0's post-feedforward-norm output in channel 7 at
+    position 0, per sequence, with down-projection inputs ``zero`` set to 0 at position 0."""
+    layer = hf.model.layers[0]
+    seen = {}
+
+    def pre(module, args):
+        x = args[0].clone()
+        x[:, 0, zero] = 0.0
+        return (x,)
+
+    def post(module, args, out):
+        seen["out"] = out[:, 0, GEMMA_CHANNEL].detach().double()
+
+    handles = [layer.mlp.down_proj.register_forward_pre_hook(pre),
+               layer.post_feedforward_layernorm.register_forward_hook(post)]
+    try:
+        with torch.no_grad():
+            hf(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen["out"]
+
+
+@pytest.mark.parametrize("arch", ["Gemma3ForCausalLM", "Gemma2ForCausalLM"])
+def test_sets_after_a_post_mlp_norm_are_of_the_residual_write(arch):
+    import mechsink
+    from mechsink.measure.super_neurons import SET_HOOKS
+    from mechsink.model import down_projection, down_projection_bias, post_mlp_norms
+
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 64, (6, 12), generator=gen)  # no BOS: its embedding is the pad's
+    model = mechsink.wrap(_planted_gemma(arch))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(
+            tokens, names_filter=lambda h: any(h.endswith(s) for s in SET_HOOKS))
+    found = super_neuron_sets(cache, down_projection(model), post_norms=post_mlp_norms(model),
+                              b_out=down_projection_bias(model))
+    assert (0, GEMMA_CHANNEL) in found.channels()
+    s = found.set_of(0, GEMMA_CHANNEL)
+    assert s.normed and s.complete and found.to_dict()["super_neuron_sets"]["criterion"][
+        "post_mlp_norm_blocks"] == [0, 1]
+
+    ref = _planted_gemma(arch)  # an untouched twin: transformers' own modules, no bridge
+    clean = _hf_write(ref, tokens, [])
+    assert s.write == pytest.approx(float(clean.mean()), rel=1e-4)
+    # the raw down-projection shares (numpy, from transformers' own down_proj input) name
+    # neuron 5 alone ...
+    acts = {}
+
+    def keep(module, args, out):
+        acts["post"] = args[0][:, 0].detach().double()
+
+    h = ref.model.layers[0].mlp.down_proj.register_forward_hook(keep)
+    with torch.no_grad():
+        ref(tokens)
+    h.remove()
+    contrib = (acts["post"] * ref.model.layers[0].mlp.down_proj.weight[GEMMA_CHANNEL].double()
+               ).mean(0).detach().numpy()
+    assert int(np.argmax(np.sign(contrib.sum()) * contrib)) == GEMMA_LOUD
+    assert list(s.down_units) == [GEMMA_LOUD]
+    # ... but zeroing it in transformers' forward leaves most of the residual write standing
+    removed_raw = 1 - float(_hf_write(ref, tokens, [GEMMA_LOUD]).mean() / clean.mean())
+    assert removed_raw < 0.95
+    # the set found on the residual write is another set, and zeroing it does what it says
+    assert s.units != [GEMMA_LOUD]
+    removed = 1 - float(_hf_write(ref, tokens, s.units).mean() / clean.mean())
+    assert removed == pytest.approx(s.explained, abs=1e-4) and removed >= 0.95
+    if len(s.units) > 1:  # the greedy set is no larger than it needs: one less stops short
+        fewer = 1 - float(_hf_write(ref, tokens, s.units[:-1]).mean() / clean.mean())
+        assert fewer < 0.95

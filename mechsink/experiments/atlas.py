@@ -175,6 +175,25 @@ def _cell(verdict: dict[str, str] | None, link: str | None, reason: str | None =
             "evidence": verdict["evidence"], "link": link}
 
 
+def _c2_cell(verdicts: dict[str, dict[str, str]], link: str | None, reason: str | None
+             ) -> dict[str, Any]:
+    """C2: the creating block's set removes the channel, and (when the structural-origin run
+    validated every set against a same-size random set) which block's set carries the sink."""
+    cell = _cell(verdicts.get("C2"), link, reason)
+    carrier = verdicts.get("C2, the set that carries the sink")
+    if carrier is None or "C2" not in verdicts:
+        return cell
+    both = (cell["verdict"], carrier["verdict"])
+    cell["verdict"] = ("supported" if both == ("supported", "supported") else
+                       "partial" if {"supported", "partial"} & set(both) else "not supported")
+    cell["criterion"] = (f"supported if both hold, partial if one does: ({cell['criterion']}) "
+                         f"and ({carrier['criterion']})")
+    cell["evidence"] += (f"; which set carries the sink ({carrier['verdict']}): "
+                         f"{carrier['evidence']}")
+    cell["carrier_block"] = carrier.get("carrier_block")
+    return cell
+
+
 def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
                settings: dict[str, Any]) -> tuple[Any, ...]:
     """The experiments of one model (each cached in its folder), the first-token table and
@@ -242,7 +261,7 @@ def model_row(name: str, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
                       f"[{twin_rate['low']:.3f}, {twin_rate['high']:.3f}]"}
     cells = {
         "C1": _cell(_first(so_v, "C1"), rel("structural_origin") if so else None, so_why),
-        "C2": _cell(_first(so_v, "C2"), rel("structural_origin") if so else None, so_why),
+        "C2": _c2_cell(so_v, rel("structural_origin") if so else None, so_why),
         "C3": _cell(_first(so_v, "C3"), rel("structural_origin") if so else None, so_why),
         "C4": _cell(_first(so_v, "C4"), rel("structural_origin") if so else None, so_why),
         "C5": _cell(_first(p0_v, "no BOS needed"), rel("p0_sink") if p0 else None, p0_why),

@@ -36,6 +36,7 @@ from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
 from mechsink.interventions.edits import ablate, attend_only_to_self, scale_tokens
 from mechsink.interventions.readout import massive_channel_sets, sink_readout
+from mechsink.interventions.set_validation import validate_sets
 from mechsink.measure.forward import measure_forward, of_cache
 from mechsink.measure.variance import HOOKS as VARIANCE_HOOKS
 from mechsink.measure.variance import variance_stats
@@ -180,6 +181,9 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
         curves["top_neuron_only"] = dose(chain.neuron_set(model, creating, [top],
                                                           channels=[channel]),
                                          [0.0, 1.0]).to_dict()
+    named = [s for s in sets.values() if s.units]
+    validation = (validate_sets(model, tokens, named, batch_size=batch_size).to_dict() if named
+                  else {"not_applicable": "no block's complete set has a neuron"})
     clean = creating_dr.readouts[creating_dr.doses.index(1.0)]
     surgery_layer = min(creating + 1, int(model.cfg.n_layers) - 1)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
@@ -189,6 +193,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
                 "channel": channel, "creating_layer": creating, "peak_layer": found.peak_layer,
                 "builders": builders, "massive_channels": found.massive_channels,
                 "sets": [s.to_dict() for s in sets.values()]},
+            "set_validation": validation,
             "dose_response": curves,
             "surgery": {"layer": surgery_layer,
                         "rows": _surgery(model, tokens, channel, surgery_layer,
@@ -249,6 +254,8 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                     f"{sets[layer]['explained']:.0%} of its write); channel "
                     f"{result['super_neuron_sets']['channel']} read after block "
                     f"{main['frame']['channel_layer']}: {ch_clean:.1f} clean -> {ch_off:.1f}"}
+    if "set_validation" in result:
+        out["C2, the set that carries the sink"] = carrier_verdict(result["set_validation"])
     verdict, ev = _drop_verdict(clean["late_sink_score"], off["late_sink_score"],
                                 "late-layer sink score")
     _, ev_rate = _drop_verdict(clean["sink_rate"], off["sink_rate"], "sink rate")
@@ -312,6 +319,38 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
     return out
 
 
+def carrier_verdict(validation: dict[str, Any]) -> dict[str, str]:
+    """Which block's complete set carries the sink, from :func:`validate_sets`: supported when
+    some set carries it (zeroing it halves the late-layer sink score, beyond a same-size random
+    set of its block), partial when sets only move it."""
+    from mechsink.interventions.set_validation import CRITERION
+
+    if "not_applicable" in validation:
+        return {"verdict": "not measured", "criterion": CRITERION,
+                "evidence": validation["not_applicable"]}
+    checks = validation["sets"]
+    carrier = validation["carrier_block"]
+    iv = lambda d: "n/a" if d is None else (  # noqa: E731
+        f"{d['mean']:.3g} [{d['low']:.3g}, {d['high']:.3g}]")
+    ch = str(checks[0]["channel"]) if checks else None
+    clean = validation["clean"].get(ch, {}) if ch is not None else {}
+    carrying = [c for c in checks if c["verdict"] == "carries the sink"]
+    moving = [c for c in checks if c["verdict"] == "moves the sink"]
+    verdict = "supported" if carrying else "partial" if moving else "not supported"
+    best = next((c for c in checks if c["layer"] == carrier), None)
+    evidence = (f"{len(carrying)} of {len(checks)} blocks' sets carry the sink, {len(moving)} "
+                f"move it; clean late-layer sink score {iv(clean.get('late_sink_score'))}")
+    if best is not None:
+        evidence += (f"; carrier: block {carrier} ({best['size']} neurons): zeroed "
+                     f"{iv(best['zeroed']['late_sink_score'])}, same-size random set "
+                     f"{iv(best['random']['late_sink_score'])}, sink rate "
+                     f"{iv(best['zeroed']['sink_rate'])} (clean {iv(clean.get('sink_rate'))})")
+    else:
+        evidence += "; no block's set lowers the sink beyond a random set of its block"
+    return {"verdict": verdict, "criterion": CRITERION, "evidence": evidence,
+            "carrier_block": "none" if carrier is None else str(carrier)}
+
+
 def move_verdict(move: list[dict[str, Any]]) -> dict[str, str]:
     """C4 judged against the original sink, not against zero: the sink has moved when position
     k, after the intervention, holds at least half of what position 0 held before and at least
@@ -353,6 +392,23 @@ def dose_table(curve: dict[str, Any]) -> list[str]:
     return lines
 
 
+def validation_table(validation: dict[str, Any] | None) -> list[str]:
+    """Every set zeroed against a same-size random set of its block, as a Markdown table."""
+    if not validation or "not_applicable" in validation:
+        return []
+    lines = ["", f"Every set zeroed at position 0, against a same-size random set of the same "
+             f"block ({validation['n_prompts']} prompts; carrier: block "
+             f"{validation['carrier_block']}):", "",
+             "| block | size | channel zeroed | late sink zeroed | late sink random | "
+             "sink rate zeroed | verdict |", "|---|---|---|---|---|---|---|"]
+    for c in validation["sets"]:
+        z, r = c["zeroed"], c["random"]
+        lines.append(f"| {c['layer']} | {c['size']} | {_cell(z['channel'], '.1f')} | "
+                     f"{_cell(z['late_sink_score'])} | {_cell(r['late_sink_score'])} | "
+                     f"{_cell(z['sink_rate'])} | {c['verdict']} |")
+    return lines
+
+
 def summary(data: dict[str, Any]) -> str:
     """The Markdown summary: the complete sets, the channel's life, the curves, the surgery,
     the key logits, the sink moved, the verdicts with their criteria."""
@@ -373,6 +429,7 @@ def summary(data: dict[str, Any]) -> str:
         more = f" (+{s['size'] - 8} more)" if s["size"] > 8 else ""
         lines.append(f"| {s['layer']} | {s['write']:.1f} | {members}{more} | "
                      f"{s['explained']:.3f} |")
+    lines += validation_table(data.get("set_validation"))
     for key, title in (("creating_set", f"the complete set of block {layer}"),
                        ("all_builders", f"every set building the channel (blocks "
                                         f"{sets['builders']})"),

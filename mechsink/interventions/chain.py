@@ -14,6 +14,8 @@ intervention is pushed to full removal and the whole curve is read. The parts, o
 - :mod:`mechsink.interventions.dose`: :func:`dose_response`, :func:`summarise` through a fixed
   :class:`Frame`, the half-effect dose;
 - :mod:`mechsink.interventions.stats`: percentile-bootstrap intervals over prompts;
+- :mod:`mechsink.interventions.set_validation`: every super-neuron set zeroed against a
+  same-size random set of its block (:func:`validate_sets`): which block's set carries the sink;
 - :mod:`mechsink.measure.logit_split`: :func:`key_logit_split`, the logit of a sink head split
   into the massive channel's part of the key, the rest, the key bias and the rotary term.
 
@@ -36,6 +38,7 @@ from mechsink.interventions.dose import (
     summarise,
 )
 from mechsink.interventions.readout import Readout, measure
+from mechsink.interventions.set_validation import SetCheck, SetValidation, validate_sets
 from mechsink.interventions.stats import LEVEL, N_BOOT, Interval, bootstrap_interval
 from mechsink.interventions.surgery import channel_surgery, direction_surgery, top_direction
 from mechsink.interventions.targets import (
@@ -59,6 +62,8 @@ __all__ = [
     "LogitParts",
     "Readout",
     "RunSummary",
+    "SetCheck",
+    "SetValidation",
     "Target",
     "bootstrap_interval",
     "channel_set",
@@ -74,4 +79,5 @@ __all__ = [
     "neuron_sets",
     "summarise",
     "top_direction",
+    "validate_sets",
 ]

@@ -38,10 +38,9 @@ from mechsink.measure.super_neurons import HOOKS as SPIKE_HOOKS
 from mechsink.measure.super_neurons import (
     SET_HOOKS,
     SuperNeuronSet,
-    complete_set,
     super_neuron_sets,
 )
-from mechsink.model import act_name, down_projection
+from mechsink.model import act_name, down_projection, down_projection_bias, post_mlp_norms
 from mechsink.model.precision import guard_overflow
 from mechsink.model.support import check_supported
 
@@ -184,10 +183,11 @@ def measure(
     *,
     channels: Sequence[int] = (),
     batch_size: int = 8,
+    loss: bool = True,
 ) -> Readout:
     """Run ``tokens`` with ``edits`` in place (removed afterwards), ``batch_size`` sequences per
     forward, and read the channels at position 0, the sink scores at key 0 and the next-token
-    loss, per prompt."""
+    loss, per prompt (``loss=False``: no unembedding, the loss is NaN)."""
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise BadInputError("tokens must be [batch, pos] with at least two positions.")
     if batch_size is None:
@@ -195,14 +195,17 @@ def measure(
     check_batch_size(batch_size)
     chans = [int(c) for c in channels]
     n_layers = int(model.cfg.n_layers)
-    wanted = {"scores": _key0_scores(n_layers), "loss": NEXT_TOKEN_LOSS}
+    wanted = {"scores": _key0_scores(n_layers)}
+    if loss:
+        wanted["loss"] = NEXT_TOKEN_LOSS
     if chans:
         channels_at_0 = resid_at(n_layers, 0, chans)
         wanted["channels"] = Measurement(
             channels_at_0.hooks, lambda forward: channels_at_0.read(forward).float().cpu())
     got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
     ch = got["channels"] if chans else torch.zeros(tokens.shape[0], n_layers, 0)
-    return Readout(ch, got["scores"], got["loss"])
+    nan = torch.full((tokens.shape[0],), float("nan"))
+    return Readout(ch, got["scores"], got["loss"] if loss else nan)
 
 
 # --- the targets: the massive channel and the neurons that write it ----------------------------
@@ -308,8 +311,10 @@ def massive_channel_sets(
     blocks up to the peak whose write has the sign of the channel's peak value.
     """
     n_layers, w_out = int(model.cfg.n_layers), down_projection(model)
+    norms, b_out = post_mlp_norms(model), down_projection_bias(model)
     found = measure_forward(model, tokens, {"sets": of_cache(
-        SET_HOOKS, lambda cache: super_neuron_sets(cache, w_out, coverage=coverage))})["sets"]
+        SET_HOOKS, lambda cache: super_neuron_sets(cache, w_out, coverage=coverage,
+                                                   post_norms=norms, b_out=b_out))})["sets"]
     resid0 = found.resid0.double().mean(0)  # [layer, d_model]
     channel = int(resid0.abs().amax(0).argmax())
     values = resid0[:, channel].tolist()
@@ -320,10 +325,7 @@ def massive_channel_sets(
     by_layer: dict[int, SuperNeuronSet] = {s.layer: s for s in found.sets()
                                            if s.channel == channel}
     if creating not in by_layer:  # a write under the spike threshold: still give its set
-        by_layer[creating] = complete_set(found.post0[:, creating],
-                                           found.out0[:, creating, channel],
-                                           found.w_out[creating, :, channel], coverage,
-                                           creating, channel)
+        by_layer[creating] = found.set_of(creating, channel)
     sign = 1.0 if values[peak] >= 0 else -1.0
     builders = sorted(lay for lay, s in by_layer.items()
                       if lay <= peak and sign * s.write > 0)

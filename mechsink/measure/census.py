@@ -50,7 +50,10 @@ from mechsink.model import (
     bos_token_id,
     check_seq_len,
     down_projection,
+    down_projection_bias,
     head_output_weights,
+    moe_experts,
+    post_mlp_norms,
     token_strings,
     true_dtype,
 )
@@ -138,6 +141,8 @@ class Census:
     architecture: dict[str, Any]
     settings: dict[str, Any]
     runs: tuple[RunCensus, ...] = field(default_factory=tuple)
+    # which block's super-neuron set carries the sink (mechsink.interventions.set_validation)
+    super_neuron_causality: dict[str, Any] | None = None
 
     def run(self, suite: str, variant: str) -> RunCensus:
         for r in self.runs:
@@ -170,9 +175,12 @@ class Census:
                 f"({escape(settings)})<br>{table}</div>")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "mechsink_version": __version__, "model": self.model,
-                "architecture": self.architecture, "settings": self.settings,
-                "runs": [r.to_dict() for r in self.runs]}
+        out = {"schema": SCHEMA, "mechsink_version": __version__, "model": self.model,
+               "architecture": self.architecture, "settings": self.settings,
+               "runs": [r.to_dict() for r in self.runs]}
+        if self.super_neuron_causality is not None:
+            out["super_neuron_causality"] = self.super_neuron_causality
+        return out
 
 
 # --- one cache -------------------------------------------------------------------------------
@@ -232,6 +240,7 @@ def census(
     model_name: str | None = None,
     progress: Progress | None = None,
     measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS,
+    validate_sets: bool = True,
 ) -> Census:
     """Measure ``model`` on every suite x variant (or on the given ``prompts`` instead).
 
@@ -239,6 +248,9 @@ def census(
     threshold; ``batch_size`` sequences go through one forward (memory grows with it).
     ``measurements``: what each run measures (default: the registry; add an entry of your own
     with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
+    ``validate_sets``: zero every named super-neuron set of one run (natural text first) and a
+    same-size random set of its block, and say which block's set carries the sink
+    (``super_neuron_causality``; 1 + 2 x sets forwards of up to 16 of that run's prompts).
     """
     check_supported(model, "census")
     entries = _check_measurements(measurements)
@@ -267,8 +279,20 @@ def census(
                 "seed": seed, "eps": eps, "key_position": 0, "batch_size": batch_size,
                 "dtype": str(true_dtype(model)).replace("torch.", ""),
                 "device": str(getattr(model.cfg, "device", "cpu") or "cpu")}
+    causality = _set_causality(model, runs, prompt_sets, eps, seed, batch_size) \
+        if validate_sets else None
     return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
-                  architecture_summary(model), settings, runs)
+                  architecture_summary(model), settings, runs, causality)
+
+
+def _set_causality(model: Any, runs: Sequence[RunCensus], prompt_sets: Sequence[PromptSet],
+                   eps: float, seed: int, batch_size: int) -> dict[str, Any]:
+    """The census's causal check of its super-neuron sets. It runs the model with edits, so it
+    lives with the interventions (imported here, the one place the census reaches up)."""
+    from mechsink.interventions.set_validation import census_validation
+
+    return census_validation(model, runs, [p.tokens for p in prompt_sets], eps=eps, seed=seed,
+                             batch_size=batch_size)
 
 
 def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
@@ -286,7 +310,9 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
     if w_out is None:
         why += " (super neurons need one MLP down projection per layer; a mixture-of-experts " \
                "MLP has one per expert)"
-    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why)
+    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why,
+                         post_norms=post_mlp_norms(model), b_out=down_projection_bias(model),
+                         moe=moe_experts(model))
 
 
 @contextmanager

@@ -19,9 +19,10 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure import keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure import experts, keys, massive, norms, sinks, super_neurons, variance
 from mechsink.measure._cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
+from mechsink.model.moe import moe_experts
 from mechsink.model.probes import capabilities
 
 
@@ -35,6 +36,9 @@ class CensusContext:
     eps: float = sinks.DEFAULT_EPS  # sink-rate threshold
     position: int = 0  # the key position the sink scores are of
     no_w_out: str = ""  # why w_out is None (a mixture-of-experts MLP has no single one)
+    post_norms: tuple[Any, ...] = ()  # per block the post-MLP norm (None: none); see model
+    b_out: Float[Tensor, "layer d_model"] | None = None  # down projection biases
+    moe: Any = None  # mechsink.model.moe_experts: per block Experts, None (dense) or why not
 
     def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
         """``w_out``, or a BadInputError saying why the model has none."""
@@ -105,6 +109,19 @@ class CensusMeasurement:
         return Measurement(hooks, read, merge)
 
 
+def _expert_hooks(model: Any) -> tuple[str, ...]:
+    """The MoE hooks on a mixture-of-experts model; none on a dense one."""
+    return experts.HOOKS if moe_experts(model) is not None else ()
+
+
+def _experts(cache: CacheLike, c: CensusContext) -> Any:
+    if c.moe is None:
+        return experts.NoExperts()
+    if isinstance(c.moe, str):
+        raise BadInputError(f"per-expert super neurons cannot be read: {c.moe}")
+    return experts.expert_spikes(cache, c.moe)
+
+
 def _qk_hooks(model: Any) -> tuple[str, ...]:
     """The vectors the attention score is made of: the rotated queries and keys on a rotary
     model (where they never fire the measurement is not applicable: the plain ones would be
@@ -121,8 +138,9 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("mlp", super_neurons.HOOKS,
                       lambda cache, c: super_neurons.mlp_spikes(cache, c.down_projections())),
     CensusMeasurement("super_sets", super_neurons.SET_HOOKS,
-                      lambda cache, c: super_neurons.super_neuron_sets(cache,
-                                                                       c.down_projections())),
+                      lambda cache, c: super_neurons.super_neuron_sets(
+                          cache, c.down_projections(), post_norms=c.post_norms, b_out=c.b_out)),
+    CensusMeasurement("experts", _expert_hooks, _experts),
     CensusMeasurement("norm_ratio", norms.RESID_HOOKS,
                       lambda cache, c: norms.first_token_norm_ratio(cache)),
     CensusMeasurement("value_drain", norms.VALUE_HOOKS,

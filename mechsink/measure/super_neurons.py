@@ -12,12 +12,20 @@ several super neurons. :func:`super_neuron_sets` lists every neuron that meets t
 per layer and spiking channel at position 0, the *complete set*: the fewest neurons, ranked by
 contribution, whose writes explain at least 95% of the MLP's write into that channel. An
 intervention on one neuron of a several-neuron set leaves the channel standing.
+
+The write is what reaches the residual stream: where a block normalises its MLP's output before
+the residual add (Gemma 2/3, OLMo 2: ``hook_mlp_out = norm(post @ W_out)``), a neuron's share of
+the down projection's output says nothing about the residual write (the norm divides by the RMS
+of the whole output, so zeroing the neuron that explains 0.99 of a 0.07 down-projection write can
+leave the ~2e5 residual write standing). There the set is found by zeroing: the fewest neurons,
+added greedily, whose zeroing (run through the model's own norm module) removes ``coverage`` of
+the residual write; without a norm that is exactly the ranked-share set.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +36,7 @@ from mechsink.measure._cache import CacheLike, frame, grid_frame, rounded, round
 
 HOOKS = ("mlp.hook_post", "hook_mlp_out")
 SPIKE_THRESHOLD = 50.0
+PostNorm = Callable[[Tensor], Tensor]  # a post-MLP norm: [..., d_model] -> [..., d_model]
 
 
 def _argmax_abs(
@@ -175,15 +184,20 @@ class SpikingNeuron:
 
 @dataclass(frozen=True)
 class SuperNeuronSet:
-    """The ranked neurons whose position-0 contributions to ``channel`` together explain at
-    least ``coverage`` of MLP ``layer``'s write there (means over sequences).
+    """The ranked neurons whose position-0 writes into ``channel`` together explain at least
+    ``coverage`` of MLP ``layer``'s write there, as it reaches the residual stream (means over
+    sequences).
 
-    ``write``: mean ``hook_mlp_out[layer, 0, channel]`` (what reaches the residual stream);
-    ``down_write``: mean ``sum_n post_n W_out[n, channel]`` (the down projection's output, no
-    bias, before any post-MLP norm); ``neurons``: ``(neuron, mean contribution)`` best first;
-    ``explained``: their sum over ``down_write``;
-    ``explained_min``: the smallest per-sequence share the same set explains; ``complete``:
-    whether ``explained`` reached ``coverage``.
+    ``write``: mean ``hook_mlp_out[layer, 0, channel]`` (what reaches the residual stream, after
+    any post-MLP norm); ``down_write``: mean ``sum_n post_n W_out[n, channel]`` (the down
+    projection's output, no bias, before any post-MLP norm); ``neurons``: ``(neuron, mean
+    contribution)`` best first, in the units of ``basis``; ``explained``: the share of the
+    neurons' write that zeroing the set removes (no post-MLP norm: the sum of the set's
+    contributions over ``down_write``); ``explained_min``: the smallest per-sequence share;
+    ``complete``: whether ``explained`` reached ``coverage``. ``basis`` says what the shares are
+    of; with a post-MLP norm, ``neuron_write`` is the residual write of every neuron together
+    (``norm(y)_c - norm(b_out)_c``) and ``down_units`` the set the raw down-projection shares
+    would have named (for comparison: it is not what the residual stream receives).
     """
 
     layer: int
@@ -195,6 +209,9 @@ class SuperNeuronSet:
     explained_min: float
     coverage: float
     complete: bool
+    basis: str = "down projection output (no post-MLP norm: what reaches the residual stream)"
+    neuron_write: float | None = None
+    down_units: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         shown = ", ".join(str(n) for n, _ in self.neurons[:5])
@@ -207,16 +224,25 @@ class SuperNeuronSet:
     def units(self) -> list[int]:
         return [n for n, _ in self.neurons]
 
+    @property
+    def normed(self) -> bool:
+        """Whether the block normalises its MLP output before the residual add."""
+        return self.neuron_write is not None
+
     def to_dict(self) -> dict[str, Any]:
-        down = self.down_write
-        return {"layer": self.layer, "channel": self.channel, "write": rounded(self.write),
-                "down_write": rounded(down),
-                "neurons": [{"neuron": n, "contribution": rounded(c),
-                             "share": rounded(c / down if down else float("nan"))}
-                            for n, c in self.neurons],
-                "size": len(self.neurons), "explained": rounded(self.explained),
-                "explained_min": rounded(self.explained_min), "coverage": self.coverage,
-                "complete": self.complete}
+        total = self.neuron_write if self.normed else self.down_write
+        out = {"layer": self.layer, "channel": self.channel, "write": rounded(self.write),
+               "down_write": rounded(self.down_write), "basis": self.basis,
+               "neurons": [{"neuron": n, "contribution": rounded(c),
+                            "share": rounded(c / total if total else float("nan"))}
+                           for n, c in self.neurons],
+               "size": len(self.neurons), "explained": rounded(self.explained),
+               "explained_min": rounded(self.explained_min), "coverage": self.coverage,
+               "complete": self.complete}
+        if self.normed:
+            out["neuron_write"] = rounded(self.neuron_write)
+            out["down_projection_set"] = list(self.down_units or ())
+        return out
 
 
 def complete_set(
@@ -227,8 +253,9 @@ def complete_set(
     ``sum_n post_n W_out[n, channel]``; take the fewest whose sum reaches ``coverage`` of it.
 
     The share is taken of the down projection's output without its bias (a bias is the same at
-    every position: it is not a position-0 write) and before any post-MLP norm (Gemma's; with its
-    scale fixed that norm multiplies the channel by one number, so shares are unchanged)."""
+    every position: it is not a position-0 write). Where no norm follows the MLP, this is what
+    reaches the residual stream and zeroing the set removes exactly its share; after a post-MLP
+    norm use :func:`residual_set`."""
     contrib = post0.double() * w.double()[None]  # [batch, d_mlp]
     down = contrib.sum(1)  # [batch]
     mean_c = contrib.mean(0)
@@ -247,6 +274,78 @@ def complete_set(
                           explained, float(per_seq.min()), coverage, complete)
 
 
+MAX_RESIDUAL_SET = 64  # greedy steps of residual_set before it reports an incomplete set
+POST_NORM_BASIS = ("residual write after the post-MLP norm (shares: what zeroing the neurons "
+                   "removes from hook_mlp_out, run through the model's own norm)")
+
+
+POOL = 64  # residual_set's candidates: this many by channel write and as many by output size
+
+
+def candidate_pool(
+    post0: Float[Tensor, "batch d_mlp"], w_out: Float[Tensor, "d_mlp d_model"], channel: int,
+    size: int = POOL,
+) -> Int[Tensor, " pool"]:
+    """The neurons :func:`residual_set` tries: the ``size`` largest mean ``|post W_out[n, c]|``
+    (what writes the channel) and the ``size`` largest mean ``post^2 |W_out[n]|^2`` (what sets
+    the norm's denominator); a neuron outside both moves neither."""
+    writes = (post0 * w_out[:, channel][None]).abs().mean(0)
+    loud = (post0.square() * w_out.square().sum(1)[None]).mean(0)
+    k = min(size, post0.shape[1])
+    return torch.unique(torch.cat([writes.topk(k).indices, loud.topk(k).indices]))
+
+
+@torch.no_grad()
+def residual_set(
+    post0: Float[Tensor, "batch d_mlp"], out0: Float[Tensor, " batch"],
+    w_out: Float[Tensor, "d_mlp d_model"], b_out: Float[Tensor, " d_model"], norm: PostNorm,
+    coverage: float, layer: int, channel: int, max_size: int = MAX_RESIDUAL_SET,
+) -> SuperNeuronSet:
+    """The fewest neurons whose zeroing at position 0 removes ``coverage`` of what the block
+    writes into ``channel`` *after its post-MLP norm*: greedily, each step adds the neuron whose
+    zeroing lowers the (signed, summed over sequences) residual write most, every candidate run
+    through ``norm`` (the model's own module) as the model would run it. The candidates are
+    :func:`candidate_pool`'s (at most ``2 x POOL`` neurons).
+
+    The neurons' write is ``norm(y)_c - norm(b_out)_c`` with ``y = post @ W_out + b_out`` (the
+    bias alone is no position-0 write); a neuron's contribution is its marginal removal when it
+    joined the set."""
+    p, w = post0.float(), w_out.float()
+    y = p @ w + b_out.float()  # [batch, d_model]
+    normed = norm(y).float()[:, channel]
+    base = norm(b_out.float()[None]).float()[0, channel]
+    neuron_write = normed - base  # [batch]
+    total = float(neuron_write.double().mean())
+    sign = 1.0 if total >= 0 else -1.0
+    pool = candidate_pool(p, w, channel)
+    pw = p[:, pool, None] * w[pool][None]  # [batch, pool, d_model]: each candidate's write
+    cur = y.clone()
+    current = normed.clone()
+    chosen: list[tuple[int, float]] = []
+    taken = torch.zeros(len(pool), dtype=torch.bool)
+    for _ in range(min(max_size, len(pool))):
+        if total != 0 and sign * float((normed - current).double().mean()) >= coverage * abs(total):
+            break
+        cand = norm(cur[:, None] - pw).float()[..., channel]  # [batch, pool]
+        gain = sign * (current[:, None] - cand).double().mean(0)  # mean lowering per neuron
+        gain[taken] = -float("inf")
+        best = int(gain.argmax())
+        if not gain[best] > 0:
+            break
+        taken[best] = True
+        chosen.append((int(pool[best]), sign * float(gain[best])))
+        cur -= pw[:, best]
+        current = cand[:, best]
+    removed = (normed - current).double()
+    explained = float(removed.mean() / total) if total else float("nan")
+    per_seq = removed / neuron_write.double()
+    raw = complete_set(post0, out0, w_out[:, channel], coverage, layer, channel)
+    return SuperNeuronSet(layer, channel, float(out0.double().mean()), raw.down_write,
+                          tuple(chosen), explained, float(per_seq.min()), coverage,
+                          bool(total != 0 and explained >= coverage), POST_NORM_BASIS, total,
+                          tuple(raw.units))
+
+
 @dataclass(frozen=True)
 class SuperNeuronSets:
     """What the complete-set analysis reads: every layer's down-projection input and MLP output
@@ -261,6 +360,9 @@ class SuperNeuronSets:
     w_out: Float[Tensor, "layer d_mlp d_model"]
     # (layer, neuron, channel, position, activation, contribution) per spike
     spikes: tuple[tuple[int, int, int, int, float, float], ...]
+    # per block the norm between the down projection and the residual add (None: none)
+    post_norms: tuple[PostNorm | None, ...] = field(default=(), repr=False)
+    b_out: Float[Tensor, "layer d_model"] | None = field(default=None, repr=False)
 
     @classmethod
     def merge(cls, parts: Sequence[SuperNeuronSets]) -> SuperNeuronSets:
@@ -268,7 +370,24 @@ class SuperNeuronSets:
         return cls(first.threshold, first.coverage,
                    *(torch.cat([getattr(p, f) for p in parts])
                      for f in ("post0", "out0", "resid0", "median")),
-                   first.w_out, tuple(s for p in parts for s in p.spikes))
+                   first.w_out, tuple(s for p in parts for s in p.spikes), first.post_norms,
+                   first.b_out)
+
+    def post_norm(self, layer: int) -> PostNorm | None:
+        """Block ``layer``'s post-MLP norm, or None."""
+        return self.post_norms[layer] if layer < len(self.post_norms) else None
+
+    def set_of(self, layer: int, channel: int) -> SuperNeuronSet:
+        """The complete set of block ``layer`` for ``channel``, on what reaches the residual
+        stream (:func:`residual_set` after a post-MLP norm, else :func:`complete_set`)."""
+        post0, out0 = self.post0[:, layer], self.out0[:, layer, channel]
+        norm = self.post_norm(layer)
+        if norm is None:
+            return complete_set(post0, out0, self.w_out[layer, :, channel].to(post0.device),
+                                self.coverage, layer, channel)
+        b_out = (torch.zeros(self.w_out.shape[2]) if self.b_out is None else self.b_out[layer])
+        return residual_set(post0, out0, self.w_out[layer], b_out, norm, self.coverage, layer,
+                            channel)
 
     def spiking_neurons(self) -> list[SpikingNeuron]:
         """Every neuron that met the spike criterion, grouped by (layer, neuron, channel)."""
@@ -301,10 +420,7 @@ class SuperNeuronSets:
 
     def sets(self) -> list[SuperNeuronSet]:
         """The complete set of every (layer, channel) the MLP writes a spike into at position 0."""
-        return [complete_set(self.post0[:, layer], self.out0[:, layer, channel],
-                              self.w_out[layer, :, channel].to(self.post0.device), self.coverage,
-                              layer, channel)
-                for layer, channel in self.channels()]
+        return [self.set_of(layer, channel) for layer, channel in self.channels()]
 
     def to_frame(self) -> Any:
         """One row per complete set: layer, channel, write, size, neurons, explained share."""
@@ -319,6 +435,8 @@ class SuperNeuronSets:
         return {"super_neuron_sets": {
             "criterion": {"spike_threshold": self.threshold, "coverage": self.coverage,
                           "position": 0, "input_hook": HOOKS[0], "output_hook": HOOKS[1],
+                          "post_mlp_norm_blocks": [lay for lay in range(self.post0.shape[1])
+                                                   if self.post_norm(lay) is not None],
                           "massive_channels": self.massive_channels(),
                           "massive_rule": f"mean |hook_resid_post[l, 0, c]| > {MASSIVE_ABS:g} "
                                           f"and >= {MASSIVE_RATIO:g} x the layer's median |x|"},
@@ -331,11 +449,17 @@ def super_neuron_sets(
     w_out: Float[Tensor, "layer d_mlp d_model"],
     threshold: float = SPIKE_THRESHOLD,
     coverage: float = COVERAGE,
+    *,
+    post_norms: Sequence[PostNorm | None] = (),
+    b_out: Float[Tensor, "layer d_model"] | None = None,
 ) -> SuperNeuronSets:
     """Complete super-neuron sets (Yu et al. 2024, detection of *every* spike, not only the
     largest): each neuron with ``|post| > threshold`` at a position where some output channel
     has ``|mlp_out| > threshold``, and, at position 0, the inputs and outputs the ranked sets
-    are built from (after merging chunks), for the channels massive at position 0."""
+    are built from (after merging chunks), for the channels massive at position 0.
+    ``post_norms``: per block the norm the model applies to the MLP output before the residual
+    add (:func:`mechsink.model.post_mlp_norms`; empty: none), with the down projection's
+    ``b_out``: the sets are then found on the normed write (:func:`residual_set`)."""
     post = stacked(cache, HOOKS[0]).float()  # [layer, batch, pos, d_mlp]
     out = stacked(cache, HOOKS[1]).float()  # [layer, batch, pos, d_model]
     resid = stacked(cache, SET_HOOKS[2]).float()  # [layer, batch, pos, d_model]
@@ -354,4 +478,5 @@ def super_neuron_sets(
     return SuperNeuronSets(float(threshold), float(coverage),
                            *(x[:, :, 0].transpose(0, 1).cpu().clone() for x in (post, out, resid)),
                            resid.abs().flatten(2).median(-1).values.transpose(0, 1).cpu(),
-                           w.cpu(), tuple(spikes))
+                           w.cpu(), tuple(spikes), tuple(post_norms),
+                           None if b_out is None else b_out.detach().float().cpu())
