@@ -17,6 +17,11 @@ Receivers read separate copies through TransformerLens's per-head input hooks
 KV head; ``use_attn_result``: each head's write ``hook_result``; ``use_hook_mlp_in``), switched
 on only inside :func:`graph_mode`.
 
+Neuron senders (``neurons={11: [1229, 1487]}``): neuron ``n`` of MLP ``L`` writes
+``post_n * W_out[n]`` (``mlp.hook_post`` times its row of the down projection) and the MLP's
+own sender writes the rest, ``mlp_out - sum_n post_n W_out[n]``, so the senders of a block
+still add up to its write exactly.
+
 Models with a norm after attention (Gemma's sandwich norms) write ``norm(sum of heads)``: a
 head's write is then its share with the norm's scale taken from the run (``g * result_h /
 scale``), which adds up to the block's write exactly; a corrupted head's write uses the scale
@@ -26,7 +31,7 @@ recomputing the norm.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -39,7 +44,7 @@ from torch import Tensor
 from mechsink.discover.graph import Graph
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
-from mechsink.model import act_name, hook_names, write_in_place
+from mechsink.model import act_name, down_projection, hook_names, write_in_place
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
@@ -131,6 +136,7 @@ class GraphRun:
         prepend_bos: bool | None = None,
         seed: int = 0,
         memory_budget: int | None = None,
+        neurons: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         abl = as_ablation(ablation, seed=seed)
         if (abl is None) == (corrupted is None):
@@ -144,9 +150,13 @@ class GraphRun:
         batch, seq_len = tokens.shape
         self.positions = self._position_mask(positions, seq_len, abl)
         (first_metric,), needs = engine.prepare_metrics(model, metric, seq_len)
-        self.graph = Graph.build(model, first_metric)
+        self.graph = Graph.build(model, first_metric, neurons)
         self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
         g = self.graph
+        w_out = down_projection(model) if g.neurons else None
+        #: layer -> the neuron senders' rows of W_out, ``[neuron, d_model]``
+        self.w_out: dict[int, Tensor] = {} if w_out is None else {
+            layer: w_out[layer, idx] for layer, idx in g.neurons.items()}
         names = set(self._write_hooks(range(g.n_layers)))
         names |= {act_name("resid_pre", layer) for layer in (*range(g.n_layers), g.point.layer)}
         names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
@@ -208,6 +218,8 @@ class GraphRun:
         out = [Sender("embed").write_hook]
         for layer in layers:
             out += [Sender("head", layer).write_hook, Sender("mlp", layer).write_hook]
+            if layer in self.graph.neurons:
+                out.append(Sender("neuron", layer).hook)
             if self.post_norm:
                 out += [act_name(f"ln1_post.{x}", layer)
                         for x in ("hook_scale", "hook_normalized", "hook_out")]
@@ -238,8 +250,20 @@ class GraphRun:
         for layer in range(self.graph.n_layers):
             cols.append(self.head_writes(acts, layer))
             if self._has_mlp(layer):
-                cols.append(acts[Sender("mlp", layer).write_hook].unsqueeze(2))
+                cols.append(self.mlp_writes(acts[Sender("mlp", layer).write_hook],
+                                            acts.get(Sender("neuron", layer).hook), layer))
         return torch.cat(cols, 2)
+
+    def mlp_writes(self, out: Tensor, post: Tensor | None, layer: int
+                   ) -> Float[Tensor, "batch pos n d_model"]:
+        """MLP ``layer``'s senders' writes from its output and (with neuron senders) its
+        ``hook_post``: the MLP's own (the rest), then each neuron's ``post_n * W_out[n]``."""
+        if layer not in self.w_out:
+            return out.unsqueeze(2)
+        assert post is not None
+        idx = self.graph.neurons[layer]
+        own = post[..., idx].unsqueeze(-1) * self.w_out[layer].to(post.dtype)
+        return torch.cat([(out - own.sum(2)).unsqueeze(2), own], 2)
 
     def _has_mlp(self, layer: int) -> bool:
         return any(s.kind == "mlp" and s.layer == layer for s in self.graph.senders)
@@ -413,6 +437,7 @@ class _CoeffHooks:
         self.written: list[Any] = [run.w_clean[:, :, :1].repeat(self.copies, 1, 1, 1)]
         self.w_corr = run.w_corr.repeat(self.copies, 1, 1, 1)
         self.scales: dict[int, Tensor] = {}
+        self.posts: dict[int, Tensor] = {}
 
     def hooks(self) -> list[tuple[str, HookFn]]:
         run, out = self.run, []
@@ -420,8 +445,10 @@ class _CoeffHooks:
             if run.post_norm:
                 out.append((act_name("ln1_post.hook_scale", layer), self._on_scale(layer)))
             out.append((Sender("head", layer).write_hook, self._on_result(layer)))
+            if layer in run.w_out:
+                out.append((Sender("neuron", layer).hook, self._on_post(layer)))
             if run._has_mlp(layer):
-                out.append((Sender("mlp", layer).write_hook, self._on_mlp()))
+                out.append((Sender("mlp", layer).write_hook, self._on_mlp(layer)))
         return out + [(s.hook, self._inject(s)) for s in run.slots()]
 
     def _entry(self, i: int) -> Tensor:
@@ -459,9 +486,14 @@ class _CoeffHooks:
             self.scales[layer] = act
         return hook
 
-    def _on_mlp(self) -> HookFn:
+    def _on_post(self, layer: int) -> HookFn:
         def hook(act: Tensor, hook: Any) -> None:
-            self.written.append(act.unsqueeze(2))
+            self.posts[layer] = act
+        return hook
+
+    def _on_mlp(self, layer: int) -> HookFn:
+        def hook(act: Tensor, hook: Any) -> None:
+            self.written.append(self.run.mlp_writes(act, self.posts.get(layer), layer))
         return hook
 
     def _inject(self, slot: Slot) -> HookFn:
