@@ -292,13 +292,17 @@ class GraphRun:
     def run_coeffs(
         self, coeffs: Float[Tensor, "copies sender receiver"], *, with_grad: bool = False,
         keep_writes: bool = False, pattern_layers: Sequence[int] = (),
+        embed_shift: Float[Tensor, " copies"] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Run ``copies`` stacked forwards, copy ``c`` with edge coefficients ``coeffs[c]``.
 
         Returns the metric per copy ``[copies]``, and (``with_grad``) the gradient of each
         copy's metric at each receiver hook (rows ``c * batch ..``; and at
         ``pattern_layers``' attention patterns) and the senders' run deltas ``w_corr - w_run``
-        per hook (``keep_writes``, one copy only).
+        per hook (``keep_writes``, one copy only). ``embed_shift[c]``: copy ``c``'s input
+        embedding moves by that fraction of its corrupted-minus-clean delta, which every
+        receiver reads (the same as coefficient ``embed_shift[c]`` on every edge out of the
+        embedding, without one injection per receiver slot).
         """
         copies = coeffs.shape[0]
         grads: dict[str, Tensor] = {}
@@ -309,6 +313,9 @@ class GraphRun:
             hooks.append((act_name("pattern", layer), _grad_keeper(grads,
                                                                    act_name("pattern", layer))))
         resid0 = self.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
+        if embed_shift is not None:
+            shift = embed_shift.to(resid0.dtype).view(copies, 1, 1, 1) * self.delta[:, :, 0]
+            resid0 = resid0 + shift.flatten(0, 1)
         if with_grad:
             resid0 = resid0.detach().clone().requires_grad_(True)
         with graph_mode(self.model):
@@ -390,14 +397,15 @@ class GraphRun:
         ones = self.graph.valid.to(self.delta.dtype).unsqueeze(0)
         return float(self.run_coeffs(ones)[0][0])
 
-    def copies_per_forward(self) -> int:
+    def copies_per_forward(self, *, injects: bool = True) -> int:
         """Edge-coefficient runs stacked per forward: at most 32, within the memory budget
         (each copy holds the senders' corrupted writes, what they write in the run, their
         difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
-        its activations)."""
+        its activations; ``injects=False``: a run without injections, its activations
+        only)."""
         budget = self.memory_budget or plan.DEFAULT_MEMORY_BUDGET
-        per = 4 * self.delta.numel() * self.delta.element_size() + plan.bytes_per_copy(
-            self.model, self.batch, self.seq_len, 0, -1)
+        held = 4 * self.delta.numel() * self.delta.element_size() if injects else 0
+        per = held + plan.bytes_per_copy(self.model, self.batch, self.seq_len, 0, -1)
         return max(1, min(32, budget // max(1, per)))
 
     def mask_values(self, keep: Bool[Tensor, "copies edge"], *, batch: int | None = None
@@ -435,7 +443,6 @@ class _CoeffHooks:
         # what senders wrote so far, in sender order: tensors [rows, pos, n, d_model], or
         # (layer, raw head results) turned into writes once the post-norm's scale is known
         self.written: list[Any] = [run.w_clean[:, :, :1].repeat(self.copies, 1, 1, 1)]
-        self.w_corr = run.w_corr.repeat(self.copies, 1, 1, 1)
         self.scales: dict[int, Tensor] = {}
         self.posts: dict[int, Tensor] = {}
 
@@ -476,6 +483,13 @@ class _CoeffHooks:
             first += size
         return torch.cat(out, 2)
 
+    def _corr_minus(self, idx: list[int], run_w: Tensor) -> Tensor:
+        """``w_corr - w_run`` of senders ``idx``, ``[copies * batch, pos, n, d]``: the
+        corrupted writes broadcast over the copies (never repeated per copy)."""
+        corr = self.run.w_corr[:, :, idx]
+        view = run_w.view(self.copies, -1, *run_w.shape[1:])
+        return (corr.unsqueeze(0) - view).flatten(0, 1)
+
     def _on_result(self, layer: int) -> HookFn:
         def hook(act: Tensor, hook: Any) -> None:
             self.written.append((layer, act) if self.run.post_norm else act)
@@ -506,12 +520,12 @@ class _CoeffHooks:
             if self.keep_writes:
                 run_w = torch.cat([self._entry(i) for i in range(len(self.written))], 2)
                 n_s = run_w.shape[2]
-                d: Tensor | None = self.w_corr[:, :, :n_s] - run_w
+                d: Tensor | None = self._corr_minus(list(range(n_s)), run_w)
                 idx = list(range(n_s))
             else:
                 n_s = sum(self._size(w) for w in self.written)
                 idx = live[:n_s].nonzero().flatten().tolist()
-                d = self.w_corr[:, :, idx] - self._columns(idx) if idx else None
+                d = self._corr_minus(idx, self._columns(idx)) if idx else None
                 if d is None and not self.with_grad:
                     return act
             # a tensor of its own: q, k and v may read one tensor, and each slot's

@@ -67,13 +67,18 @@ def _stacked_steps(run: GraphRun, path: torch.Tensor, alphas: list[float]) -> to
     """``sum_k delta . grad_k`` over the steps, on inputs: the steps run as stacked copies of
     one forward/backward (as many as the memory budget allows), and since every step
     multiplies the same clean-to-corrupted delta, their gradients are summed (float64) before
-    the one product with it."""
-    b, per = run.batch, run.copies_per_forward()
+    the one product with it. Every edge out of the embedding at ``alpha`` is the input
+    embedding moved by ``alpha`` times its delta (every receiver reads it), so each step is a
+    plain graph-mode forward from a shifted input (``path`` is that, checked)."""
+    g = run.graph
+    assert bool((path[1:] == 0).all()) and bool((path[0] == g.valid[0].double()).all())
+    b, per = run.batch, run.copies_per_forward(injects=False)
+    zeros = torch.zeros(1, len(g.senders), len(g.receivers))
     summed: dict[str, torch.Tensor] = {}
     for lo in range(0, len(alphas), per):
         chunk = alphas[lo:lo + per]
-        coeffs = torch.stack([a * path for a in chunk])
-        _, grads, _ = run.run_coeffs(coeffs, with_grad=True)
+        _, grads, _ = run.run_coeffs(zeros.expand(len(chunk), -1, -1), with_grad=True,
+                                     embed_shift=torch.tensor(chunk))
         for name, grad in grads.items():
             part = grad.view(len(chunk), b, *grad.shape[1:]).double().sum(0)
             summed[name] = part if name not in summed else summed[name] + part
