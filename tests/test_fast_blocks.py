@@ -52,3 +52,23 @@ def test_hooked_and_partial_forwards_are_exact(request, fixture):
     assert seen == [name, name]
     torch.testing.assert_close(got, ref, atol=1e-6, rtol=0)
     torch.testing.assert_close(got_from, ref_from, atol=1e-6, rtol=0)
+
+
+def test_recorded_keys_values_and_prefix_runs_are_exact(llama_tiny):
+    """run_with_kv (a fresh cache, written) and a run reusing that prefix (the cache read:
+    the bridge's path) give the same logits, keys and values inside fast_blocks."""
+    from mechsink.model.forward import run_with_kv
+
+    model = llama_tiny
+    name = act_name("resid_pre", 1)
+    with torch.no_grad():
+        ref_logits, ref_acts, ref_kv = run_with_kv(model, TOKENS, {name})
+        ref_from = run_from_layer(model, ref_acts[name][:, 4:], 1, prefix=(ref_kv, 4))
+        with fast_blocks(model):
+            logits, acts, kv = run_with_kv(model, TOKENS, {name})
+            got_from = run_from_layer(model, acts[name][:, 4:], 1, prefix=(kv, 4))
+    assert "_mechsink_plain_layer" in model.blocks[1].__dict__
+    torch.testing.assert_close(logits, ref_logits, atol=1e-6, rtol=0)
+    for a, b in zip(kv.keys + kv.values, ref_kv.keys + ref_kv.values, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got_from, ref_from, atol=1e-6, rtol=0)

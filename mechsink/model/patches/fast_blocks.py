@@ -7,7 +7,7 @@ layers are bridge components wrapping the original modules), transformers 4.5x /
 A bridge block call goes through a wrapper per component (attention, each projection, the
 MLP, each norm), each running its hook points and bookkeeping even when no hook is set.
 Inside :func:`fast_blocks`, a block none of whose hook points has a hook (and which is not
-asked to read or write a key/value cache) runs as a *plain* copy of its transformers layer:
+asked to read keys/values already in a cache) runs as a *plain* copy of its transformers layer:
 the same modules with every bridge wrapper replaced by the module it wraps, sharing the
 parameters (no weights are copied). The block's own entry steps (a residual injected by
 ``start_at_layer``, ``stop_at_layer``) still run, and its output goes through its (empty)
@@ -48,12 +48,15 @@ def plain_copy(module: nn.Module) -> nn.Module:
 
 
 def hooks_empty(block: nn.Module) -> bool:
-    """No module in ``block`` (hook points included) has a forward or backward hook, besides
-    the block's own capture hooks (``BlockBridge._capture_hook_handles``: they hand the
-    residual to per-head forks and ``hook_mlp_in``, which an empty block does not use)."""
+    """No TransformerLens module in ``block`` (hook points, bridge wrappers) has a forward or
+    backward hook, besides the block's own capture hooks (``BlockBridge._capture_hook_handles``:
+    they hand the residual to per-head forks and ``hook_mlp_in``, which an empty block does
+    not use). Hooks on transformers' own modules (its output recorders) are shared by the
+    plain copy and run either way."""
     dicts = block.__dict__.get(_DICTS)
     if dicts is None:  # the modules' own attribute dicts, listed once per block
-        dicts = [m.__dict__ for m in block.modules()]
+        dicts = [m.__dict__ for m in block.modules()
+                 if type(m).__module__.startswith("transformer_lens")]
         block.__dict__[_DICTS] = dicts
     own = {h.id for h in block.__dict__.get("_capture_hook_handles", ())}
     for d in dicts:
@@ -67,10 +70,18 @@ def hooks_empty(block: nn.Module) -> bool:
 _CACHE_KEYS = ("past_key_values", "past_key_value", "cache")
 
 
-def _cache_call(kwargs: dict[str, Any]) -> bool:
-    """The call reads or writes a key/value cache (its attention wrappers may do that their
-    own way: such calls keep the bridge's path)."""
-    return any(kwargs.get(k) is not None for k in _CACHE_KEYS) or bool(kwargs.get("use_cache"))
+def _cache_read(kwargs: dict[str, Any], layer_idx: int | None) -> bool:
+    """The call reads keys/values already in a cache (prefix reuse: the bridge's attention
+    is patched for that, so such calls keep the bridge's path). A fresh cache is only
+    written, which the plain layer does as transformers does."""
+    for key in _CACHE_KEYS:
+        cache = kwargs.get(key)
+        if cache is None:
+            continue
+        length = getattr(cache, "get_seq_length", None)
+        if length is None or layer_idx is None or int(length(layer_idx)) > 0:
+            return True
+    return False
 
 
 def _splits_heads(model: Any) -> bool:
@@ -82,12 +93,14 @@ def _splits_heads(model: Any) -> bool:
 
 def _fast_forward(model: Any, block: nn.Module, slow: Any) -> Any:
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if _cache_call(kwargs) or _splits_heads(model) or not hooks_empty(block):
-            return slow(*args, **kwargs)
         plain = block.__dict__.get(_PLAIN)
         if plain is None:
             plain = plain_copy(block.original_component)
             block.__dict__[_PLAIN] = plain
+        attn = getattr(plain, "self_attn", None)
+        if _splits_heads(model) or not hooks_empty(block) or _cache_read(
+                kwargs, getattr(attn, "layer_idx", None)):
+            return slow(*args, **kwargs)
         args, kwargs = block._maybe_inject_start_residual(args, kwargs)
         block._check_stop_at_layer(*args, **kwargs)
         kw = block._filter_kwargs_for_forward(kwargs, len(args))
