@@ -25,6 +25,8 @@ import argparse
 import os
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
+from functools import partial
 from typing import Any
 
 import torch
@@ -35,15 +37,20 @@ from mechsink.model.patches.fast_blocks import fast_blocks
 from mechsink.model.zoo.cache import converted_dir
 
 
-def per_call(fn: Callable[[], Any], calls: int, repeat: int) -> float:
-    """Least seconds per call over ``repeat`` rounds of ``calls`` calls."""
-    best = float("inf")
+def per_call(fns: list[tuple[Callable[[], Any], Callable[[], Any]]], calls: int,
+             repeat: int) -> list[float]:
+    """Least seconds per call of each ``(fn, context)`` over ``repeat`` rounds of ``calls``
+    calls inside ``context()``, the functions taking turns within each round (a shared
+    machine's load hits them alike)."""
+    best = [float("inf")] * len(fns)
     with torch.no_grad():
         for _ in range(repeat):
-            t = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best = min(best, (time.perf_counter() - t) / calls)
+            for i, (fn, context) in enumerate(fns):
+                with context():
+                    t = time.perf_counter()
+                    for _ in range(calls):
+                        fn()
+                    best[i] = min(best[i], (time.perf_counter() - t) / calls)
     return best
 
 
@@ -104,12 +111,11 @@ def main() -> None:
             got = first(model.blocks[args.layer](*a, **kw))
             with fast_blocks(model):
                 fast = first(model.blocks[args.layer](*a, **kw))
-        t_hf = per_call(lambda a=a, kw=kw: layer(*a, **kw), args.calls, args.repeat)
-        t_br = per_call(lambda a=a, kw=kw: model.blocks[args.layer](*a, **kw), args.calls,
-                        args.repeat)
-        with fast_blocks(model):
-            t_fast = per_call(lambda a=a, kw=kw: model.blocks[args.layer](*a, **kw),
-                              args.calls, args.repeat)
+        hf_call = partial(layer, *a, **kw)
+        block_call = partial(model.blocks[args.layer], *a, **kw)
+        t_hf, t_br, t_fast = per_call([(hf_call, nullcontext), (block_call, nullcontext),
+                                       (block_call, partial(fast_blocks, model))],
+                                      args.calls, args.repeat)
         print(f"| {b} x {s} | {t_hf * 1e3:.3f} ms | {t_br * 1e3:.3f} ms | {t_br / t_hf:.2f} | "
               f"{t_fast * 1e3:.3f} ms | {t_fast / t_hf:.2f} | "
               f"{float((got - ref).abs().max()):.1e}, {float((fast - ref).abs().max()):.1e} |")
