@@ -72,3 +72,20 @@ def test_a_failed_premise_falls_back(llama_tiny, monkeypatch):
     assert plain_grads.receiver_grads(run, [0.0]) is None
     grads = sc.clean_gradients(run)  # and the method still works, through graph mode
     assert grads
+
+
+@pytest.mark.slow
+def test_plain_gradients_on_smollm2(smollm2):
+    """The premises hold on the real SmolLM2 (GQA, RMSNorm with a gain, massive activations at
+    position 0) and the gradients equal graph mode's: 2 prompts x 8 tokens, a channel of
+    block 3's output as the metric."""
+    tokens = torch.randint(5, 40000, (2, 8), generator=torch.Generator().manual_seed(0))
+    tokens[:, 0] = 1
+    run = GraphRun(smollm2, tokens, MassiveValue(3, 0, 7), ablation="zero", positions=[0])
+    g = run.graph
+    zeros = torch.zeros(1, len(g.senders), len(g.receivers))
+    _, ref, _ = run.run_coeffs(zeros, with_grad=True, embed_shift=torch.tensor([0.5]))
+    got = plain_grads.receiver_grads(run, [0.5])
+    assert got is not None and set(got) == set(ref)
+    for name in ref:
+        _close(got[name], ref[name])

@@ -72,3 +72,14 @@ def test_recorded_keys_values_and_prefix_runs_are_exact(llama_tiny):
     for a, b in zip(kv.keys + kv.values, ref_kv.keys + ref_kv.values, strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
     torch.testing.assert_close(got_from, ref_from, atol=1e-6, rtol=0)
+
+
+@pytest.mark.slow
+def test_smollm2_logits_are_exact(smollm2):
+    tokens = torch.randint(5, 40000, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = smollm2(tokens)
+        with fast_blocks(smollm2):
+            got = smollm2(tokens)
+    assert "_mechsink_plain_layer" in smollm2.blocks[5].__dict__
+    torch.testing.assert_close(got, ref, atol=1e-6 * float(ref.abs().max()), rtol=0)
