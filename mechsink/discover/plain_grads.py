@@ -128,7 +128,9 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
                                   hooks, stacked=True, grad=True,
                                   context="on the gradient run")[0]
         torch.autograd.grad(torch.stack(vals).sum(), [resid0], allow_unused=True)
-    if not _premises_hold(model, kept, norm):
+    weights = {k: _weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
+    # model.W_Q stacks every layer's weights)
+    if not _premises_hold(model, kept, norm, weights):
         return None
     for layer in layers:
         x, scale = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
@@ -137,7 +139,7 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             gr = grads.pop(act_name(kind, layer), None)
             if gr is None:
                 continue
-            u = torch.einsum("bphe,hde->bphd", gr, _weights(model, kind)[layer]) * w
+            u = torch.einsum("bphe,hde->bphd", gr, weights[kind][layer]) * w
             grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
     return grads
 
@@ -159,7 +161,8 @@ def _close(a: Tensor, b: Tensor) -> bool:
     return bool((a - b).abs().max() <= TOLERANCE * max(1.0, float(b.abs().max())))
 
 
-def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str) -> bool:
+def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
+                   weights: dict[str, Tensor]) -> bool:
     """Layer 0 of this run: ``hook_normalized`` is ``x / s`` (or ``(x - mean) / s``), the
     norm's output its gain times that (plus its bias), and q/k/v their projections of it."""
     needed = ("ln1_normalized", "ln1_out", "q0", "k0", "v0")
@@ -176,7 +179,7 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str) -> bool:
         return False
     biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
     for kind in ("q", "k", "v"):
-        proj = torch.einsum("bpd,hde->bphe", kept["ln1_out"], _weights(model, kind)[0])
+        proj = torch.einsum("bpd,hde->bphe", kept["ln1_out"], weights[kind][0])
         bias = _bias(model, biases[kind], proj.shape[2])
         if bias is not None:
             proj = proj + bias
