@@ -126,3 +126,20 @@ def test_cli_discover_with_neurons(tmp_path: Path) -> None:
     bad = CliRunner().invoke(app, ["discover", "no-such-model", "--metric", "sink_score:1",
                                    "--neurons", "11:3", "--out", str(tmp_path / "o")])
     assert bad.exit_code == 2 and "neurons" in bad.output
+
+
+def test_super_neuron_sets_as_nodes(llama_tiny):
+    """neurons="super": the complete sets massive_channel_sets finds, in the graph's blocks."""
+    from mechsink.interventions.readout import massive_channel_sets
+
+    found = massive_channel_sets(llama_tiny, CLEAN)
+    want = {lay: sorted(n for n, _ in s.neurons) for lay, s in found.sets.items()
+            if s.neurons}
+    assert want  # the creating block always has its set
+    run = GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, neurons="super")
+    assert run.graph.neurons == want
+    names = {s.name for s in run.graph.senders if s.kind == "neuron"}
+    assert names == {f"L{lay}N{n}" for lay, ns in want.items() for n in ns}
+    assert parse_neurons("super") == "super"
+    with pytest.raises(BadInputError, match="'super'"):
+        GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, neurons="all")

@@ -529,7 +529,8 @@ def discover(
     discovery_seed: int = typer.Option(0, help="seed of the resample ablation and the "
                                        "random-circuit baselines"),
     neurons: list[str] | None = typer.Option(None, help="MLP neurons as graph nodes of their "
-                                             "own, e.g. L11:1229,1487 (repeat per layer)"),
+                                             "own, e.g. L11:1229,1487 (repeat per layer), "
+                                             "or super (the census's super-neuron sets)"),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""

@@ -247,12 +247,15 @@ def check_neurons(model: Any, point: MetricPoint,
     return dict(sorted(out.items()))
 
 
-def parse_neurons(spec: str | Sequence[str] | None) -> dict[int, list[int]]:
+def parse_neurons(spec: str | Sequence[str] | None) -> dict[int, list[int]] | str:
     """``"L11:1229,1487"`` (several layers separated by ``;`` or given as a list) as
-    ``{11: [1229, 1487]}``; the CLI's ``--neurons``."""
+    ``{11: [1229, 1487]}``, or ``"super"`` (the census's complete super-neuron sets); the
+    CLI's ``--neurons``."""
     if spec is None:
         return {}
     parts = [spec] if isinstance(spec, str) else list(spec)
+    if [p.strip() for p in parts] == ["super"]:
+        return "super"
     out: dict[int, list[int]] = {}
     for part in (p.strip() for x in parts for p in x.split(";")):
         if not part:

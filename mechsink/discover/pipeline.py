@@ -85,7 +85,7 @@ def discover(
     n_random: int = 3,
     prepend_bos: bool | None = None,
     seed: int = 0,
-    neurons: Mapping[int, Sequence[int]] | None = None,
+    neurons: Mapping[int, Sequence[int]] | str | None = None,
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
@@ -93,7 +93,8 @@ def discover(
     ``target``; ``"greedy"``), and draw its faithfulness curve under the scoring corruption
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
     baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
-    neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`)."""
+    neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
+    the census's complete super-neuron sets)."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward

@@ -20,7 +20,8 @@ on only inside :func:`graph_mode`.
 Neuron senders (``neurons={11: [1229, 1487]}``): neuron ``n`` of MLP ``L`` writes
 ``post_n * W_out[n]`` (``mlp.hook_post`` times its row of the down projection) and the MLP's
 own sender writes the rest, ``mlp_out - sum_n post_n W_out[n]``, so the senders of a block
-still add up to its write exactly.
+still add up to its write exactly. ``neurons="super"``: the census's complete super-neuron
+sets (:mod:`mechsink.discover.super_nodes`).
 
 Models with a norm after attention (Gemma's sandwich norms) write ``norm(sum of heads)``: a
 head's write is then its share with the norm's scale taken from the run (``g * result_h /
@@ -41,7 +42,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mechsink.discover.graph import Graph
+from mechsink.discover.graph import Graph, metric_point
+from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, down_projection, hook_names, write_in_place
@@ -136,7 +138,7 @@ class GraphRun:
         prepend_bos: bool | None = None,
         seed: int = 0,
         memory_budget: int | None = None,
-        neurons: Mapping[int, Sequence[int]] | None = None,
+        neurons: Mapping[int, Sequence[int]] | str | None = None,
     ) -> None:
         abl = as_ablation(ablation, seed=seed)
         if (abl is None) == (corrupted is None):
@@ -150,6 +152,11 @@ class GraphRun:
         batch, seq_len = tokens.shape
         self.positions = self._position_mask(positions, seq_len, abl)
         (first_metric,), needs = engine.prepare_metrics(model, metric, seq_len)
+        if isinstance(neurons, str):
+            if neurons != "super":
+                raise BadInputError(f"neurons must map layers to neuron indices or be "
+                                    f"'super', got {neurons!r}.")
+            neurons = super_neuron_nodes(model, tokens, metric_point(model, first_metric))
         self.graph = Graph.build(model, first_metric, neurons)
         self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
         g = self.graph
