@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.model import act_name, is_hooked_transformer, key_weights
+from mechsink.model import act_name, hook_names, is_hooked_transformer, key_weights
 from mechsink.patching import engine
 from mechsink.patching.nodes import Receiver
 
@@ -119,6 +119,8 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             hooks.append((slot.hook, grad_of(slot.hook)))
     hooks += [(act_name("pattern", layer), grad_of(act_name("pattern", layer)))
               for layer in pattern_layers]
+    known = hook_names(model)  # a model without some of them (TransformerLens 2's LNPre has
+    hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
     copies = len(shifts)
     resid0 = run.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
     shift = torch.tensor(list(shifts), dtype=resid0.dtype).view(copies, 1, 1, 1)
@@ -134,12 +136,13 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
         return None
     for layer in layers:
         x, scale = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
-        w = model.blocks[layer].ln1.w.detach()
+        w = _gain(model, layer)
         for kind in ("q", "k", "v"):
             gr = grads.pop(act_name(kind, layer), None)
             if gr is None:
                 continue
-            u = torch.einsum("bphe,hde->bphd", gr, weights[kind][layer]) * w
+            u = torch.einsum("bphe,hde->bphd", gr, weights[kind][layer])
+            u = u if w is None else u * w
             grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
     return grads
 
@@ -172,9 +175,8 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
     s = s.reshape(*x.shape[:2], 1)
     centred = x - x.mean(-1, keepdim=True) if norm == "ln" else x
     normed = kept["ln1_normalized"]
-    ln1 = model.blocks[0].ln1
-    out = normed * ln1.w.detach() + (ln1.b.detach() if getattr(ln1, "b", None) is not None
-                                     else 0.0)
+    w, b = _gain(model, 0), getattr(model.blocks[0].ln1, "b", None)
+    out = normed * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
     if not (_close(centred / s, normed) and _close(out, kept["ln1_out"])):
         return False
     biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
@@ -186,6 +188,12 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
         if proj.shape != kept[f"{kind}0"].shape or not _close(proj, kept[f"{kind}0"]):
             return False
     return True
+
+
+def _gain(model: Any, layer: int) -> Tensor | None:
+    """The gain of block ``layer``'s attention norm (None: a norm without one, LNPre)."""
+    w = getattr(model.blocks[layer].ln1, "w", None)
+    return None if w is None else w.detach()
 
 
 def _bias(model: Any, name: str, heads: int) -> Tensor | None:
