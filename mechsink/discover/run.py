@@ -58,8 +58,10 @@ _FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
 
 
 @contextmanager
-def graph_mode(model: Any) -> Iterator[None]:
-    """Per-head q/k/v inputs, per-head results and ``hook_mlp_in`` on, restored on exit.
+def graph_mode(model: Any, *, inputs: bool = True) -> Iterator[None]:
+    """Per-head q/k/v inputs, per-head results and ``hook_mlp_in`` on, restored on exit
+    (``inputs=False``: per-head results only, what recording the senders' writes needs; the
+    per-head input forks are the expensive part).
 
     These are the public switches TransformerLens's HookedTransformer and TransformerBridge
     share (``set_use_split_qkv_input`` etc.); they leave the model's outputs unchanged.
@@ -67,9 +69,9 @@ def graph_mode(model: Any) -> Iterator[None]:
     before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
     try:
         try:
-            model.set_use_split_qkv_input(True)
+            model.set_use_split_qkv_input(inputs)
             model.set_use_attn_result(True)
-            model.set_use_hook_mlp_in(True)
+            model.set_use_hook_mlp_in(inputs)
         except (AttributeError, NotImplementedError, ValueError) as exc:
             raise BadInputError(
                 f"this model cannot give each head its own query/key/value input ({exc}); "
@@ -167,7 +169,7 @@ class GraphRun:
         names = set(self._write_hooks(range(g.n_layers)))
         names |= {act_name("resid_pre", layer) for layer in (*range(g.n_layers), g.point.layer)}
         names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
-        with torch.no_grad(), graph_mode(model):
+        with torch.no_grad(), graph_mode(model, inputs=False):
             s = engine.setup(model, tokens, corrupted, first_metric, prepend_bos=prepend_bos,
                              keep={"clean": names, "corrupted": names},
                              last_layer=engine.last_layer_read(model, needs))
