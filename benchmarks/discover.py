@@ -17,6 +17,12 @@ For each method it prints mechsink's time, the **least work** at this machine's 
   corrupted one; every position here), batched, plus the unembedding of the position the
   metric reads, at the layer-tokens/s and unembedded-tokens/s of one large batched forward.
 
+- path patching, the P0 row (as ``p0_sink`` runs it): every head of blocks ``0..S`` and
+  every MLP before ``S`` at position 0 (position_mean), through MLP ``S`` (the block whose
+  super neurons make the massive channel) to the channel at position 0: per sender group
+  the blocks from its own to ``S`` (step 1) and block ``S`` again (step 2), every position,
+  batched; timed with the staircase and without it (one start per batch, no prefix reuse).
+
 Then Spearman/Pearson of EAP and EAP-IG against exact patching on EAP-IG's top edges. Say
 whether the machine was loaded (the load average is printed): the ratio is what carries.
 
@@ -38,9 +44,10 @@ import torch
 from mechsink import load_model
 from mechsink.discover import GraphRun, eap, eap_ig
 from mechsink.inputs.prompts import make_prompts
+from mechsink.interventions.readout import massive_channel_sets
 from mechsink.io import atomic_write_json
 from mechsink.model import run_from_layer, unembed
-from mechsink.patching import KLToClean, engine
+from mechsink.patching import KLToClean, MassiveValue, engine, path_patch
 from mechsink.patching.attribution import correlation
 
 
@@ -106,11 +113,46 @@ class Rates:
                            * tokens for e in edges)
         return layer_tokens / self.layer_tokens_s + len(edges) * b / self.unembed_tokens_s
 
+    def path(self, blocks: list[int], receiver_layer: int, batch: int, seq_len: int) -> float:
+        """Least seconds of path patching groups first touching ``blocks`` through a receiver
+        in ``receiver_layer`` to a metric read right after it: step 1 runs blocks ``b..R``,
+        step 2 block ``R``, every position."""
+        layer_tokens = sum(receiver_layer - b + 2 for b in blocks) * batch * seq_len
+        return layer_tokens / self.layer_tokens_s
+
     def line(self) -> str:
         return (f"throughput: forward {self.forward_s:.2f} s, forward/backward "
                 f"{self.fwd_bwd_s:.2f} s, {self.layer_tokens_s:,.0f} layer-tokens/s, "
                 f"{self.unembed_tokens_s:,.0f} unembedded tokens/s; load average "
                 f"{os.getloadavg()[0]:.1f}")
+
+
+def p0_rows(model: Any, tokens: torch.Tensor) -> list[dict[str, Any]]:
+    """Path patching's P0 row, with and without the staircase (see the module doc)."""
+    found = massive_channel_sets(model, tokens)
+    channel, sn = found.channel, found.creating_layer
+    n_heads = int(model.cfg.n_heads)
+    senders = [f"L{lay}H{h}@0" for lay in range(sn + 1) for h in range(n_heads)]
+    senders += [f"MLP{lay}@0" for lay in range(sn)]
+    blocks = [int(x[1:].split("H")[0].split("@")[0]) if x.startswith("L")
+              else int(x[3:].split("@")[0]) for x in senders]
+    metric = MassiveValue(sn, 0, channel)
+    rows = []
+    for label, stair in (("staircase", True), ("one start per batch", False)):
+        saved = dict(engine.SPEEDUPS)
+        engine.SPEEDUPS["staircase"] = stair
+        try:
+            rates = Rates(model, tokens)
+            say(rates.line())
+            _, t = timed(lambda: path_patch(model, tokens, None, senders, [f"MLP{sn}"], metric,
+                                            ablation="position_mean", batch_size=None))
+        finally:
+            engine.SPEEDUPS.update(saved)
+        rows.append({"method": f"path patching P0 ({label}): {len(senders)} senders @0 -> "
+                               f"MLP{sn} -> channel {channel}", "edges": len(senders),
+                     "time_s": t, "least_s": rates.path(blocks, sn, *tokens.shape)})
+        say(f"path patching P0, {label}: {t:.1f} s")
+    return rows
 
 
 def main() -> None:
@@ -160,6 +202,8 @@ def main() -> None:
     table.append({"method": "exact, uniform sample", "edges": len(sample), "time_s": sample_s,
                   "least_s": rates.exact(run, sample)})
     say(f"exact, {len(sample)} uniform edges: {sample_s:.1f} s")
+
+    table += p0_rows(model, tokens)
 
     top = ig.order()[:args.top].tolist()
     rates = Rates(model, tokens)

@@ -531,11 +531,15 @@ def discover(
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     discovery_seed: int = typer.Option(0, help="seed of the resample ablation and the "
                                        "random-circuit baselines"),
+    neurons: list[str] | None = typer.Option(None, help="MLP neurons as graph nodes of their "
+                                             "own, e.g. L11:1229,1487 (repeat per layer), "
+                                             "or super (the census's super-neuron sets)"),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
     from mechsink.discover import METHODS
     from mechsink.discover import discover as run_discovery
+    from mechsink.discover.graph import parse_neurons
     from mechsink.discover.pipeline import check_selection
     from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
@@ -564,6 +568,7 @@ def discover(
             raise MechsinkError("--steps and --n must be positive, --verify non-negative.")
         _check_no_empty_prompt(clean, corrupted)
         check_selection(edges, target)  # --edges against the graph's size once it is built
+        neuron_map = parse_neurons(neurons)
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
         folder = check_writable(out)
@@ -589,7 +594,7 @@ def discover(
                                       positions=pos, method=method, steps=steps, ig=ig,
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
-                                      seed=discovery_seed)
+                                      seed=discovery_seed, neurons=neuron_map)
             found.meta["model"] = model
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)

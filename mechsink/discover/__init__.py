@@ -19,7 +19,7 @@ from mechsink.discover.circuit import (
 )
 from mechsink.discover.curves import Curve, auc, curve, default_sizes, sets_curve
 from mechsink.discover.export import load_edge_list, save_edge_list
-from mechsink.discover.graph import Graph, MetricPoint, metric_point
+from mechsink.discover.graph import Graph, MetricPoint, metric_point, parse_neurons
 from mechsink.discover.methods import METHODS, register, score_edges
 from mechsink.discover.methods.eap import eap
 from mechsink.discover.methods.eap_ig import eap_ig
@@ -33,6 +33,6 @@ __all__ = [
     "METHODS", "Circuit", "Curve", "Discovery", "EdgeScores", "Graph", "GraphRun",
     "MetricPoint", "Receiver", "Sender", "auc", "curve", "default_sizes", "discover", "eap",
     "eap_ig", "edges_from_names", "exact_scores", "faithfulness", "graph_mode", "greedy",
-    "load_edge_list", "metric_point", "node_circuit_edges", "register", "save_edge_list",
-    "score_edges", "sets_curve", "top_n",
+    "load_edge_list", "metric_point", "node_circuit_edges", "parse_neurons", "register",
+    "save_edge_list", "score_edges", "sets_curve", "top_n",
 ]

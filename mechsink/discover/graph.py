@@ -1,13 +1,15 @@
 """The computational graph edge-level circuit discovery works on.
 
 Nodes are the input embedding, every attention head and every MLP (the *senders*: each
-writes into the residual stream), and the *receivers* that read the residual stream: each
-head's query input, each key/value head's key and value inputs (per KV head on grouped-query
-models, as the model computes them), each MLP's input and the metric. An edge joins a sender
-to a receiver that reads the residual stream after the sender wrote to it (Conmy et al. 2023,
-"Towards Automated Circuit Discovery"; Syed et al. 2023, "Attribution Patching Outperforms
-Automated Circuit Discovery"): head ``L3H1 -> L5H2.q`` means "head 3.1's output, as head
-5.2's query reads it".
+writes into the residual stream; on request, chosen MLP neurons are senders of their own,
+``L11N1229``, writing their activation times their row of ``W_out``, and ``MLP11`` is then
+the rest of that MLP's write, bias included), and the *receivers* that read the residual
+stream: each head's query input, each key/value head's key and value inputs (per KV head on
+grouped-query models, as the model computes them), each MLP's input and the metric. An edge
+joins a sender to a receiver that reads the residual stream after the sender wrote to it
+(Conmy et al. 2023, "Towards Automated Circuit Discovery"; Syed et al. 2023, "Attribution
+Patching Outperforms Automated Circuit Discovery"): head ``L3H1 -> L5H2.q`` means "head
+3.1's output, as head 5.2's query reads it".
 
 The graph stops where the metric reads the model (:func:`metric_point`): a metric on the
 attention pattern of layer ``L`` reads the residual entering that layer's attention (so the
@@ -17,6 +19,7 @@ heads of layer ``L`` and everything after are not nodes), a metric on ``resid_po
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -26,7 +29,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.model import n_kv_heads
+from mechsink.model import n_kv_heads, true_d_mlp
 from mechsink.names import Name, kind_of_hook
 from mechsink.patching.metrics import Metric, layer_of
 from mechsink.patching.nodes import RECEIVERS, Receiver, Sender
@@ -106,13 +109,17 @@ class Graph:
     point: MetricPoint
     senders: list[Sender] = field(default_factory=list)
     receivers: list[Receiver] = field(default_factory=list)
+    #: layer -> the MLP neurons that are senders of their own (ascending)
+    neurons: dict[int, list[int]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, model: Any, metric: Metric | MetricPoint) -> Graph:
-        """The full graph of ``model`` up to where ``metric`` reads it."""
+    def build(cls, model: Any, metric: Metric | MetricPoint,
+              neurons: Mapping[int, Sequence[int]] | None = None) -> Graph:
+        """The full graph of ``model`` up to where ``metric`` reads it; ``neurons`` (layer ->
+        neuron indices) become senders of their own, right after their MLP (same stage)."""
         point = metric if isinstance(metric, MetricPoint) else metric_point(model, metric)
         n_heads, n_kv = int(model.cfg.n_heads), n_kv_heads(model)
-        g = cls(0, n_heads, n_kv, point)
+        g = cls(0, n_heads, n_kv, point, neurons=check_neurons(model, point, neurons))
         g.senders.append(Sender("embed"))
         gqa = n_kv != n_heads  # key/value receivers are then named by KV head (L3KV1.k)
         for layer in range(int(model.cfg.n_layers)):
@@ -125,6 +132,7 @@ class Graph:
                             for h in range(n_kv)]
             if 2 * layer + 2 < point.stage:
                 g.senders.append(Sender("mlp", layer))
+                g.senders += [Sender("neuron", layer, n) for n in g.neurons.get(layer, ())]
                 g.receivers.append(Receiver("mlp", layer))
         g.receivers.append(Receiver("metric"))
         return g
@@ -203,4 +211,65 @@ class Graph:
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv,
                 "metric_point": {"kind": self.point.kind, "layer": self.point.layer},
                 "senders": [s.name for s in self.senders],
-                "receivers": [r.name for r in self.receivers], "n_edges": self.n_edges}
+                "receivers": [r.name for r in self.receivers], "n_edges": self.n_edges,
+                **({"neurons": {str(k): v for k, v in self.neurons.items()}}
+                   if self.neurons else {})}
+
+
+def check_neurons(model: Any, point: MetricPoint,
+                  neurons: Mapping[int, Sequence[int]] | None) -> dict[int, list[int]]:
+    """``neurons`` checked against the model and the graph (each layer's MLP must write
+    before the metric reads; indices in 0..d_mlp-1, no repeats), as sorted lists."""
+    if not neurons:
+        return {}
+    if not isinstance(neurons, Mapping):
+        raise BadInputError(f"neurons must map a layer to neuron indices, e.g. {{11: [1229, "
+                            f"1487]}}, got {neurons!r}.")
+    d_mlp = int(true_d_mlp(model) or model.cfg.d_mlp)
+    out: dict[int, list[int]] = {}
+    for layer, idx in neurons.items():
+        if isinstance(layer, bool) or not isinstance(layer, int) or not (
+                0 <= layer < int(model.cfg.n_layers)):
+            raise BadInputError(f"neuron layer {layer!r} is not a layer of this model "
+                                f"(0..{int(model.cfg.n_layers) - 1}).")
+        if 2 * layer + 2 >= point.stage:
+            raise BadInputError(f"MLP {layer} writes after the metric reads ({point}): its "
+                                "neurons are not in the graph; choose an earlier layer.")
+        items = list(idx)
+        bad = [n for n in items if isinstance(n, bool) or not isinstance(n, int)
+               or not 0 <= n < d_mlp]
+        if bad or not items:
+            raise BadInputError(f"neurons of layer {layer} must be indices in 0..{d_mlp - 1}, "
+                                f"got {items!r}.")
+        if len(set(items)) != len(items):
+            raise BadInputError(f"neurons of layer {layer} repeat an index: {items!r}.")
+        out[layer] = sorted(items)
+    return dict(sorted(out.items()))
+
+
+def parse_neurons(spec: str | Sequence[str] | None) -> dict[int, list[int]] | str:
+    """``"L11:1229,1487"`` (several layers separated by ``;`` or given as a list) as
+    ``{11: [1229, 1487]}``, or ``"super"`` (the census's complete super-neuron sets); the
+    CLI's ``--neurons``."""
+    if spec is None:
+        return {}
+    parts = [spec] if isinstance(spec, str) else list(spec)
+    if [p.strip() for p in parts] == ["super"]:
+        return "super"
+    out: dict[int, list[int]] = {}
+    for part in (p.strip() for x in parts for p in x.split(";")):
+        if not part:
+            continue
+        head, sep, tail = part.partition(":")
+        try:
+            if not sep or not head.upper().startswith("L"):
+                raise ValueError
+            layer = int(head[1:])
+            idx = [int(t) for t in tail.split(",") if t.strip()]
+        except ValueError:
+            raise BadInputError(f"cannot read neurons {part!r}: write L<layer>:<n>,<n> "
+                                "(e.g. L11:1229,1487; several layers separated by ';').") from None
+        if not idx or layer in out:
+            raise BadInputError(f"neurons {part!r}: give at least one neuron, each layer once.")
+        out[layer] = idx
+    return out

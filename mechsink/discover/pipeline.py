@@ -5,7 +5,7 @@ ablation, save JSON and figures. What ``mechsink discover`` and the p0_edges exp
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,20 +85,23 @@ def discover(
     n_random: int = 3,
     prepend_bos: bool | None = None,
     seed: int = 0,
+    neurons: Mapping[int, Sequence[int]] | str | None = None,
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
     (``select="top"``: the ``n_edges`` best, default the smallest measured size reaching
     ``target``; ``"greedy"``), and draw its faithfulness curve under the scoring corruption
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
-    baselines' seed."""
+    baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
+    neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
+    the census's complete super-neuron sets)."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
     check_selection(n_edges, target)
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
-                   positions=positions, prepend_bos=prepend_bos, seed=seed)
+                   positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons)
     check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
     kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig})
     scores = score_edges(run, method, **kw)
@@ -114,7 +117,8 @@ def discover(
         circuit.faithfulness = float(faithfulness(run, circuit.mask().unsqueeze(0))[0])
     for abl in curve_ablations:
         other = GraphRun(model, run.tokens, run.metric, ablation=abl,
-                         positions=_positions(run, abl), prepend_bos=False, seed=seed)
+                         positions=_positions(run, abl), prepend_bos=False, seed=seed,
+                         neurons=run.graph.neurons)
         curves.append(curve(other, order, label=method, n_random=n_random, seed=seed))
     meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
         "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges}

@@ -17,6 +17,12 @@ Receivers read separate copies through TransformerLens's per-head input hooks
 KV head; ``use_attn_result``: each head's write ``hook_result``; ``use_hook_mlp_in``), switched
 on only inside :func:`graph_mode`.
 
+Neuron senders (``neurons={11: [1229, 1487]}``): neuron ``n`` of MLP ``L`` writes
+``post_n * W_out[n]`` (``mlp.hook_post`` times its row of the down projection) and the MLP's
+own sender writes the rest, ``mlp_out - sum_n post_n W_out[n]``, so the senders of a block
+still add up to its write exactly. ``neurons="super"``: the census's complete super-neuron
+sets (:mod:`mechsink.discover.super_nodes`).
+
 Models with a norm after attention (Gemma's sandwich norms) write ``norm(sum of heads)``: a
 head's write is then its share with the norm's scale taken from the run (``g * result_h /
 scale``), which adds up to the block's write exactly; a corrupted head's write uses the scale
@@ -26,7 +32,7 @@ recomputing the norm.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -36,10 +42,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mechsink.discover.graph import Graph
+from mechsink.discover.graph import Graph, metric_point
+from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
-from mechsink.model import act_name, hook_names, write_in_place
+from mechsink.model import act_name, down_projection, hook_names, write_in_place
 from mechsink.model.support import check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
@@ -52,8 +59,10 @@ _FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
 
 
 @contextmanager
-def graph_mode(model: Any) -> Iterator[None]:
-    """Per-head q/k/v inputs, per-head results and ``hook_mlp_in`` on, restored on exit.
+def graph_mode(model: Any, *, inputs: bool = True) -> Iterator[None]:
+    """Per-head q/k/v inputs, per-head results and ``hook_mlp_in`` on, restored on exit
+    (``inputs=False``: per-head results only, what recording the senders' writes needs; the
+    per-head input forks are the expensive part).
 
     These are the public switches TransformerLens's HookedTransformer and TransformerBridge
     share (``set_use_split_qkv_input`` etc.); they leave the model's outputs unchanged.
@@ -61,9 +70,9 @@ def graph_mode(model: Any) -> Iterator[None]:
     before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
     try:
         try:
-            model.set_use_split_qkv_input(True)
+            model.set_use_split_qkv_input(inputs)
             model.set_use_attn_result(True)
-            model.set_use_hook_mlp_in(True)
+            model.set_use_hook_mlp_in(inputs)
         except (AttributeError, NotImplementedError, ValueError) as exc:
             raise BadInputError(
                 f"this model cannot give each head its own query/key/value input ({exc}); "
@@ -132,6 +141,7 @@ class GraphRun:
         prepend_bos: bool | None = None,
         seed: int = 0,
         memory_budget: int | None = None,
+        neurons: Mapping[int, Sequence[int]] | str | None = None,
     ) -> None:
         check_supported(model, "discover")
         abl = as_ablation(ablation, seed=seed)
@@ -146,13 +156,22 @@ class GraphRun:
         batch, seq_len = tokens.shape
         self.positions = self._position_mask(positions, seq_len, abl)
         (first_metric,), needs = engine.prepare_metrics(model, metric, seq_len)
-        self.graph = Graph.build(model, first_metric)
+        if isinstance(neurons, str):
+            if neurons != "super":
+                raise BadInputError(f"neurons must map layers to neuron indices or be "
+                                    f"'super', got {neurons!r}.")
+            neurons = super_neuron_nodes(model, tokens, metric_point(model, first_metric))
+        self.graph = Graph.build(model, first_metric, neurons)
         self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
         g = self.graph
+        w_out = down_projection(model) if g.neurons else None
+        #: layer -> the neuron senders' rows of W_out, ``[neuron, d_model]``
+        self.w_out: dict[int, Tensor] = {} if w_out is None else {
+            layer: w_out[layer, idx] for layer, idx in g.neurons.items()}
         names = set(self._write_hooks(range(g.n_layers)))
         names |= {act_name("resid_pre", layer) for layer in (*range(g.n_layers), g.point.layer)}
         names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
-        with torch.no_grad(), graph_mode(model):
+        with torch.no_grad(), graph_mode(model, inputs=False):
             s = engine.setup(model, tokens, corrupted, first_metric, prepend_bos=prepend_bos,
                              keep={"clean": names, "corrupted": names},
                              last_layer=engine.last_layer_read(model, needs))
@@ -210,6 +229,8 @@ class GraphRun:
         out = [Sender("embed").write_hook]
         for layer in layers:
             out += [Sender("head", layer).write_hook, Sender("mlp", layer).write_hook]
+            if layer in self.graph.neurons:
+                out.append(Sender("neuron", layer).hook)
             if self.post_norm:
                 out += [act_name(f"ln1_post.{x}", layer)
                         for x in ("hook_scale", "hook_normalized", "hook_out")]
@@ -240,8 +261,20 @@ class GraphRun:
         for layer in range(self.graph.n_layers):
             cols.append(self.head_writes(acts, layer))
             if self._has_mlp(layer):
-                cols.append(acts[Sender("mlp", layer).write_hook].unsqueeze(2))
+                cols.append(self.mlp_writes(acts[Sender("mlp", layer).write_hook],
+                                            acts.get(Sender("neuron", layer).hook), layer))
         return torch.cat(cols, 2)
+
+    def mlp_writes(self, out: Tensor, post: Tensor | None, layer: int
+                   ) -> Float[Tensor, "batch pos n d_model"]:
+        """MLP ``layer``'s senders' writes from its output and (with neuron senders) its
+        ``hook_post``: the MLP's own (the rest), then each neuron's ``post_n * W_out[n]``."""
+        if layer not in self.w_out:
+            return out.unsqueeze(2)
+        assert post is not None
+        idx = self.graph.neurons[layer]
+        own = post[..., idx].unsqueeze(-1) * self.w_out[layer].to(post.dtype)
+        return torch.cat([(out - own.sum(2)).unsqueeze(2), own], 2)
 
     def _has_mlp(self, layer: int) -> bool:
         return any(s.kind == "mlp" and s.layer == layer for s in self.graph.senders)
@@ -270,13 +303,17 @@ class GraphRun:
     def run_coeffs(
         self, coeffs: Float[Tensor, "copies sender receiver"], *, with_grad: bool = False,
         keep_writes: bool = False, pattern_layers: Sequence[int] = (),
+        embed_shift: Float[Tensor, " copies"] | None = None,
     ) -> tuple[Tensor, dict[str, Tensor], dict[str, Tensor]]:
         """Run ``copies`` stacked forwards, copy ``c`` with edge coefficients ``coeffs[c]``.
 
         Returns the metric per copy ``[copies]``, and (``with_grad``) the gradient of each
         copy's metric at each receiver hook (rows ``c * batch ..``; and at
         ``pattern_layers``' attention patterns) and the senders' run deltas ``w_corr - w_run``
-        per hook (``keep_writes``, one copy only).
+        per hook (``keep_writes``, one copy only). ``embed_shift[c]``: copy ``c``'s input
+        embedding moves by that fraction of its corrupted-minus-clean delta, which every
+        receiver reads (the same as coefficient ``embed_shift[c]`` on every edge out of the
+        embedding, without one injection per receiver slot).
         """
         copies = coeffs.shape[0]
         grads: dict[str, Tensor] = {}
@@ -287,6 +324,9 @@ class GraphRun:
             hooks.append((act_name("pattern", layer), _grad_keeper(grads,
                                                                    act_name("pattern", layer))))
         resid0 = self.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
+        if embed_shift is not None:
+            shift = embed_shift.to(resid0.dtype).view(copies, 1, 1, 1) * self.delta[:, :, 0]
+            resid0 = resid0 + shift.flatten(0, 1)
         if with_grad:
             resid0 = resid0.detach().clone().requires_grad_(True)
         with graph_mode(self.model):
@@ -368,14 +408,15 @@ class GraphRun:
         ones = self.graph.valid.to(self.delta.dtype).unsqueeze(0)
         return float(self.run_coeffs(ones)[0][0])
 
-    def copies_per_forward(self) -> int:
+    def copies_per_forward(self, *, injects: bool = True) -> int:
         """Edge-coefficient runs stacked per forward: at most 32, within the memory budget
         (each copy holds the senders' corrupted writes, what they write in the run, their
         difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
-        its activations)."""
+        its activations; ``injects=False``: a run without injections, its activations
+        only)."""
         budget = self.memory_budget or plan.DEFAULT_MEMORY_BUDGET
-        per = 4 * self.delta.numel() * self.delta.element_size() + plan.bytes_per_copy(
-            self.model, self.batch, self.seq_len, 0, -1)
+        held = 4 * self.delta.numel() * self.delta.element_size() if injects else 0
+        per = held + plan.bytes_per_copy(self.model, self.batch, self.seq_len, 0, -1)
         return max(1, min(32, budget // max(1, per)))
 
     def mask_values(self, keep: Bool[Tensor, "copies edge"], *, batch: int | None = None
@@ -413,8 +454,8 @@ class _CoeffHooks:
         # what senders wrote so far, in sender order: tensors [rows, pos, n, d_model], or
         # (layer, raw head results) turned into writes once the post-norm's scale is known
         self.written: list[Any] = [run.w_clean[:, :, :1].repeat(self.copies, 1, 1, 1)]
-        self.w_corr = run.w_corr.repeat(self.copies, 1, 1, 1)
         self.scales: dict[int, Tensor] = {}
+        self.posts: dict[int, Tensor] = {}
 
     def hooks(self) -> list[tuple[str, HookFn]]:
         run, out = self.run, []
@@ -422,8 +463,10 @@ class _CoeffHooks:
             if run.post_norm:
                 out.append((act_name("ln1_post.hook_scale", layer), self._on_scale(layer)))
             out.append((Sender("head", layer).write_hook, self._on_result(layer)))
+            if layer in run.w_out:
+                out.append((Sender("neuron", layer).hook, self._on_post(layer)))
             if run._has_mlp(layer):
-                out.append((Sender("mlp", layer).write_hook, self._on_mlp()))
+                out.append((Sender("mlp", layer).write_hook, self._on_mlp(layer)))
         return out + [(s.hook, self._inject(s)) for s in run.slots()]
 
     def _entry(self, i: int) -> Tensor:
@@ -451,6 +494,13 @@ class _CoeffHooks:
             first += size
         return torch.cat(out, 2)
 
+    def _corr_minus(self, idx: list[int], run_w: Tensor) -> Tensor:
+        """``w_corr - w_run`` of senders ``idx``, ``[copies * batch, pos, n, d]``: the
+        corrupted writes broadcast over the copies (never repeated per copy)."""
+        corr = self.run.w_corr[:, :, idx]
+        view = run_w.view(self.copies, -1, *run_w.shape[1:])
+        return (corr.unsqueeze(0) - view).flatten(0, 1)
+
     def _on_result(self, layer: int) -> HookFn:
         def hook(act: Tensor, hook: Any) -> None:
             self.written.append((layer, act) if self.run.post_norm else act)
@@ -461,9 +511,14 @@ class _CoeffHooks:
             self.scales[layer] = act
         return hook
 
-    def _on_mlp(self) -> HookFn:
+    def _on_post(self, layer: int) -> HookFn:
         def hook(act: Tensor, hook: Any) -> None:
-            self.written.append(act.unsqueeze(2))
+            self.posts[layer] = act
+        return hook
+
+    def _on_mlp(self, layer: int) -> HookFn:
+        def hook(act: Tensor, hook: Any) -> None:
+            self.written.append(self.run.mlp_writes(act, self.posts.get(layer), layer))
         return hook
 
     def _inject(self, slot: Slot) -> HookFn:
@@ -476,12 +531,12 @@ class _CoeffHooks:
             if self.keep_writes:
                 run_w = torch.cat([self._entry(i) for i in range(len(self.written))], 2)
                 n_s = run_w.shape[2]
-                d: Tensor | None = self.w_corr[:, :, :n_s] - run_w
+                d: Tensor | None = self._corr_minus(list(range(n_s)), run_w)
                 idx = list(range(n_s))
             else:
                 n_s = sum(self._size(w) for w in self.written)
                 idx = live[:n_s].nonzero().flatten().tolist()
-                d = self.w_corr[:, :, idx] - self._columns(idx) if idx else None
+                d = self._corr_minus(idx, self._columns(idx)) if idx else None
                 if d is None and not self.with_grad:
                     return act
             # a tensor of its own: q, k and v may read one tensor, and each slot's

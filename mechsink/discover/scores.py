@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mechsink.discover import plain_grads
 from mechsink.discover.graph import Graph
 from mechsink.discover.qkfix import qk_fixed
 from mechsink.discover.run import GraphRun
@@ -221,10 +222,14 @@ def on_edges(run: GraphRun, dense: Tensor) -> Tensor:
 
 def clean_gradients(run: GraphRun) -> dict[str, Tensor]:
     """The metric's gradient at the clean run (every coefficient 0), at every receiver hook
-    and every attention pattern the QK fix reads: one forward, one backward."""
+    and every attention pattern the QK fix reads: one forward, one backward (a plain one,
+    :mod:`mechsink.discover.plain_grads`, where its premises hold; graph mode otherwise)."""
     g = run.graph
-    coeffs = torch.zeros(1, len(g.senders), len(g.receivers))
     layers = list(range(g.n_layers)) + ([g.point.layer] if g.point.kind == "attn" else [])
+    plain = plain_grads.receiver_grads(run, [0.0], layers) if plain_grads.ENABLED else None
+    if plain is not None:
+        return plain
+    coeffs = torch.zeros(1, len(g.senders), len(g.receivers))
     return run.run_coeffs(coeffs, with_grad=True, pattern_layers=layers)[1]
 
 

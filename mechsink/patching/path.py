@@ -185,55 +185,95 @@ def _sweep(
     assert base is not None
     clean_acts = base.acts  # the run's own activations (clean, or corrupted to denoise)
     sender_source = SenderValues(clean_acts, None if source is None else source.acts, abl)
-    seq_len = s.seq_len
-    # senders upstream of block L leave blocks < L at their clean values: batch groups by
-    # the first block they touch and start each forward there
-    order = sorted(range(len(groups)), key=lambda i: _first_block(groups[i]))
     last_start = min((r.layer for r in recvs if r.layer is not None), default=None)
     values: list[dict[int, Tensor]] = [{} for _ in s.metrics]
     with engine.progress(len(groups), "path patching") as bar, scale_edits_expected():
-        for lo in range(0, len(order), per_batch):
-            ids = order[lo:lo + per_batch]
+        for ids, joins, p in _batches(model, base, groups, last_start, per_batch):
             chunk = [groups[i] for i in ids]
-            start = _first_block(chunk[0])
-            if last_start is not None:
-                start = min(start, last_start)
-            freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, seq_len, scales)
+            freeze = _freeze_hooks(model, chunk, clean_acts, sender_source, s.seq_len, scales,
+                                   p)
+            start = joins[0]
+            n_start = joins.count(start)
             if start == 0:
-                resid = _embed_rows(chunk, clean_acts, sender_source, seq_len)
+                resid = _embed_rows(chunk[:n_start], clean_acts, sender_source, s.seq_len)
             else:
-                resid = clean_acts[act_name("resid_pre", start)].repeat(len(chunk), 1, 1)
+                resid = clean_acts[act_name("resid_pre", start)].repeat(n_start, 1, 1)
             if last_start is None:  # the receiver is the metric: the senders' direct effect
-                got = engine.run_patched(model, base, s.metrics, s.needs, resid, start,
-                                         len(chunk), freeze, stacked=True,
-                                         context="on the path-patched run")
+                stair = len(set(joins)) > 1
+                got = engine.run_patched(
+                    model, base, s.metrics, s.needs, resid[:base.batch] if stair else resid,
+                    start, len(chunk), freeze, stacked=not stair, first=p,
+                    joins=joins if stair else None, context="on the path-patched run")
             else:
-                got = _through_receivers(model, s, base, recvs, chunk, freeze, resid,
-                                         start, seq_len)
+                got = _through_receivers(model, s, base, recvs, len(chunk), freeze, resid,
+                                         joins, p)
             for j, vals in enumerate(got):
                 values[j].update(zip(ids, vals, strict=True))
             bar.update(len(chunk))
     return values
 
 
+def _batches(model: Any, base: engine.Run, groups: list[list[Sender]],
+             last_start: int | None, per_batch: int
+             ) -> list[tuple[list[int], list[int], int]]:
+    """Sender groups in forwards: ``(group numbers, the block each joins at, the first
+    position computed)``.
+
+    Groups are sorted by the first block they touch (capped at the first receiver's layer:
+    a receiver must see every copy). On the staircase (:func:`mechsink.patching.plan.
+    staircase`: the model's batch may grow mid-forward) each copy joins the forward at its
+    own block, so a copy of a late sender never recomputes the blocks before it; otherwise a
+    batch starts at its earliest group's block. Prefix reuse: a batch whose senders all sit at
+    positions ``>= p`` computes positions ``p..`` only (the rest is the base run's, keys and
+    values included). A direct-effect batch holding an embedding sender starts every copy at
+    block 0 (its rows differ per copy)."""
+    def block(g: list[Sender]) -> int:
+        b = _first_block(g)
+        return b if last_start is None else min(b, last_start)
+
+    def first_pos(g: list[Sender]) -> int:
+        pos = [_pos_index(c.position, base.seq_len) for c in g]
+        return 0 if any(isinstance(q, slice) for q in pos) else min(pos)
+
+    order = sorted(range(len(groups)), key=lambda i: block(groups[i]))
+    stair = plan.staircase(model)
+    out = []
+    for lo in range(0, len(order), per_batch):
+        ids = order[lo:lo + per_batch]
+        joins = [block(groups[i]) for i in ids]
+        embed = any(c.kind == "embed" for i in ids for c in groups[i])
+        if not stair or (last_start is None and embed):
+            joins = [joins[0]] * len(ids)
+        p = engine.reused_prefix(base, min(first_pos(groups[i]) for i in ids))
+        out.append((ids, joins, p))
+    return out
+
+
 def _through_receivers(
-    model: Any, s: engine.Setup, base: engine.Run, recvs: list[Receiver],
-    chunk: list[list[Sender]], freeze: list[tuple[str, HookFn]], resid: Tensor, start: int,
-    seq_len: int,
+    model: Any, s: engine.Setup, base: engine.Run, recvs: list[Receiver], n: int,
+    freeze: list[tuple[str, HookFn]], resid: Tensor, joins: list[int], p: int,
 ) -> list[list[Tensor]]:
-    """Step 1 (record the receivers' inputs on the sender run) and step 2 (the ``base`` run
-    with only those inputs replaced), for one batch of sender groups."""
+    """Step 1 (record the receivers' inputs on the sender run, copy ``i`` joining at block
+    ``joins[i]``, positions ``p..``) and step 2 (the ``base`` run with only those inputs
+    replaced), for one batch of ``n`` sender groups."""
     recorded: dict[str, Tensor] = {}
     hooks = [r.hook for r in recvs]
     rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
+    start = joins[0]
+    grow = engine._growth_hooks(base, joins, start, p)
+    prefix: Any = None
+    if p:
+        counts = [sum(j <= layer for j in joins) for layer in range(int(model.cfg.n_layers))]
+        prefix = (base.kv, p) if not grow else (base.kv, p, counts)
     # record before freezing: recorders registered first see the computed values
-    run_from_layer(model, resid, start, fwd_hooks=rec + freeze, stop_after=set(hooks))
+    run_from_layer(model, resid[:, p:], start, fwd_hooks=grow + rec + freeze,
+                   stop_after=set(hooks), prefix=prefix)
     start = min(r.layer for r in recvs if r.layer is not None)
-    patch = [(h, _receiver_patch(model, r, recorded[h], seq_len))
+    patch = [(h, _receiver_patch(model, r, recorded[h], s.seq_len, p))
              for r, h in zip(recvs, hooks, strict=True)]
     return engine.run_patched(model, base, s.metrics, s.needs,
-                              base.acts[act_name("resid_pre", start)], start, len(chunk),
-                              patch, context="on the receiver run")
+                              base.acts[act_name("resid_pre", start)], start, n,
+                              patch, first=p, context="on the receiver run")
 
 
 def _first_block(group: list[Sender]) -> int:
@@ -291,14 +331,20 @@ def _pos_index(pos: int | None, seq_len: int) -> Any:
     return slice(None) if pos is None else (pos + seq_len if pos < 0 else pos)
 
 
-def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int) -> HookFn:
-    """Overwrite the receiver's slice with its value from the sender run (per stacked copy)."""
-    p = _pos_index(r.position, seq_len)
+def _receiver_patch(model: Any, r: Receiver, recorded: Tensor, seq_len: int,
+                    p: int = 0) -> HookFn:
+    """Overwrite the receiver's slice with its value from the sender run (per stacked copy);
+    both runs compute positions ``p..`` (a receiver position before ``p`` is unchanged)."""
+    pos = _pos_index(r.position, seq_len)
+    if isinstance(pos, int):
+        if pos < p:
+            return lambda act, hook: None
+        pos -= p
     unit = r.index_on(model)  # q: the head; k/v: the KV head; resid: the channel
     if r.kind == "mlp" or unit is None:
-        index: tuple[Any, ...] = (slice(None), p)
+        index: tuple[Any, ...] = (slice(None), pos)
     else:
-        index = (slice(None), p, unit)
+        index = (slice(None), pos, unit)
 
     def hook(act: Tensor, hook: Any) -> Tensor:
         new = act.clone()
@@ -351,16 +397,17 @@ def _stack(
 
 def _freeze_hooks(
     model: Any, chunk: list[list[Sender]], clean: dict[str, Tensor],
-    sender_value: SenderValues, seq_len: int, scales: str,
+    sender_value: SenderValues, seq_len: int, scales: str, p: int = 0,
 ) -> list[tuple[str, HookFn]]:
     """Hooks that put senders at their sender values and freeze every other component at its
-    clean value (a neuron sender's MLP output is recomputed from the frozen neurons)."""
+    clean value (a neuron sender's MLP output is recomputed from the frozen neurons); they
+    see positions ``p..`` and, on the staircase, the copies present so far (a prefix)."""
     n = len(chunk)
     hooks: list[tuple[str, HookFn]] = []
     for layer in range(int(model.cfg.n_layers)):
         z = Sender("head", layer).hook
         stacked = _stack(z, chunk, "head", layer, clean, sender_value, seq_len)
-        hooks.append((z, _mix(None, stacked[0] if stacked else None, clean[z], n)))
+        hooks.append((z, _mix(None, stacked[0] if stacked else None, clean[z], p)))
         # neurons: in copies with a neuron sender here, the other neurons are frozen clean
         has_neuron = torch.tensor([any(c.kind == "neuron" and c.layer == layer for c in g)
                                    for g in chunk])
@@ -369,7 +416,7 @@ def _freeze_hooks(
             stacked = _stack(post, chunk, "neuron", layer, clean, sender_value, seq_len)
             assert stacked is not None
             keep = (~has_neuron).reshape(n, *[1] * clean[post].ndim)
-            hooks.append((post, _mix(keep, stacked[0], clean[post], n)))
+            hooks.append((post, _mix(keep, stacked[0], clean[post], p)))
         # MLP output: the sender value for MLP senders, recomputed for neuron senders, else clean
         out = Sender("mlp", layer).hook
         stacked = _stack(out, chunk, "mlp", layer, clean, sender_value, seq_len)
@@ -377,30 +424,34 @@ def _freeze_hooks(
         if stacked is not None:
             keep = keep & ~stacked[1]
         hooks.append((out, _mix(keep if bool(has_neuron.any()) else None,
-                                stacked[0] if stacked else None, clean[out], n)))
+                                stacked[0] if stacked else None, clean[out], p)))
     if scales == "frozen":
         for name in _scale_names(model):
             if name in clean:
-                hooks.append((name, _mix(None, None, clean[name], n)))
+                hooks.append((name, _mix(None, None, clean[name], p)))
     return hooks
 
 
-def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, n: int) -> HookFn:
+def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, p: int = 0) -> HookFn:
     """Copy ``i`` gets ``stacked[i]`` (or ``clean`` when None), except where ``keep`` is True,
-    where the computed value stays. The value returned is contiguous: with a batch of one
-    the broadcast clean value reshapes to a stride-0 view, which transformers' ``Conv1D``
-    (GPT-2's ``c_proj`` reads ``hook_post``) cannot ``view``."""
+    where the computed value stays; positions ``p..`` only, and the first ``rows / batch``
+    copies (those present in a growing batch). The value returned is contiguous: with a batch
+    of one the broadcast clean value reshapes to a stride-0 view, which transformers'
+    ``Conv1D`` (GPT-2's ``c_proj`` reads ``hook_post``) cannot ``view``."""
+    seq_len = clean.shape[1]
+    if p:  # [batch, pos, ...] / [copies, batch or 1, pos or 1, ...]: drop positions < p
+        clean = clean[:, p:]
+        stacked = None if stacked is None else stacked[:, :, p:]
+        keep = None if keep is None or keep.shape[2] != seq_len else keep[:, :, p:]
 
     def hook(act: Tensor, hook: Any) -> Tensor:
-        if stacked is None:
-            base = clean.unsqueeze(0).expand(n, *clean.shape)
-        else:
-            base = stacked
+        m = act.shape[0] // clean.shape[0]  # the copies present (all but on the staircase)
+        base = clean.unsqueeze(0).expand(m, *clean.shape) if stacked is None else stacked[:m]
         if keep is None:
             new = base.reshape(act.shape)
         else:
-            view = act.reshape(n, -1, *act.shape[1:])
-            new = torch.where(keep, view, base).reshape(act.shape)
+            view = act.reshape(m, -1, *act.shape[1:])
+            new = torch.where(keep[:m], view, base).reshape(act.shape)
         return write_in_place(act, new.to(act.dtype).contiguous())
 
     return hook

@@ -9,6 +9,7 @@ import re
 
 _HEAD = re.compile(r"^L(\d+)(H|KV)(\d+)(?:\.([qkv]))?$")
 _MLP = re.compile(r"^MLP(\d+)$")
+_NEURON = re.compile(r"^L(\d+)N(\d+)$")
 KIND_COLOURS = {"q": "#0072B2", "k": "#E69F00", "v": "#009E73", "mlp": "#CC79A7",
                 "metric": "#D55E00"}
 
@@ -22,6 +23,9 @@ def _position(name: str, n_heads: int, n_layers: int, group: int) -> tuple[float
     m = _MLP.match(name)
     if m:
         return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2
+    m = _NEURON.match(name)  # a neuron sender (discovery's neurons=): beside its MLP
+    if m:
+        return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2 + 0.5 + int(m[2]) % 7 * 0.25
     m = _HEAD.match(name)
     if m is None:
         raise ValueError(f"cannot place node {name!r}")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mechsink.discover import scores
+from mechsink.discover import plain_grads, scores
 from mechsink.discover.methods import register
 from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores
@@ -67,13 +67,22 @@ def _stacked_steps(run: GraphRun, path: torch.Tensor, alphas: list[float]) -> to
     """``sum_k delta . grad_k`` over the steps, on inputs: the steps run as stacked copies of
     one forward/backward (as many as the memory budget allows), and since every step
     multiplies the same clean-to-corrupted delta, their gradients are summed (float64) before
-    the one product with it."""
-    b, per = run.batch, run.copies_per_forward()
+    the one product with it. Every edge out of the embedding at ``alpha`` is the input
+    embedding moved by ``alpha`` times its delta (every receiver reads it), so each step is a
+    forward from a shifted input (``path`` is that, checked), with the receivers' gradients
+    from :mod:`mechsink.discover.plain_grads` where its premises hold (graph mode
+    otherwise)."""
+    g = run.graph
+    assert bool((path[1:] == 0).all()) and bool((path[0] == g.valid[0].double()).all())
+    b, per = run.batch, run.copies_per_forward(injects=False)
+    zeros = torch.zeros(1, len(g.senders), len(g.receivers))
     summed: dict[str, torch.Tensor] = {}
     for lo in range(0, len(alphas), per):
         chunk = alphas[lo:lo + per]
-        coeffs = torch.stack([a * path for a in chunk])
-        _, grads, _ = run.run_coeffs(coeffs, with_grad=True)
+        grads = plain_grads.receiver_grads(run, chunk) if plain_grads.ENABLED else None
+        if grads is None:  # graph mode: each head reads its own fork of the residual
+            _, grads, _ = run.run_coeffs(zeros.expand(len(chunk), -1, -1), with_grad=True,
+                                         embed_shift=torch.tensor(chunk))
         for name, grad in grads.items():
             part = grad.view(len(chunk), b, *grad.shape[1:]).double().sum(0)
             summed[name] = part if name not in summed else summed[name] + part

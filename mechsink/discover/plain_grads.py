@@ -1,0 +1,209 @@
+"""Receiver gradients from a plain forward/backward (no per-head forks).
+
+EAP at the clean run and EAP-IG on inputs inject nothing into any receiver: every head's
+query, key and value input is the same residual ``x``. Graph mode still forks ``x`` per head
+(``use_split_qkv_input``: a ``[batch, pos, head, d_model]`` copy, normalised per head, one
+projection per head, and all of it again in the backward), which made a gradient run cost
+about three plain ones. Here the model runs plainly (only ``hook_mlp_in`` switched on) and
+each head's input gradient is put together after the backward from the gradient at its
+projection output: with ``q_h = norm(x) W_Q[h] + b_Q[h]`` (``attn.hook_q``, before rotary),
+
+    dm/dx_h = J_norm(x)^T (w * (dm/dq_h W_Q[h]^T)),
+
+``J_norm`` the normalisation's Jacobian (RMSNorm: ``y = x / s``, ``s`` its ``hook_scale``;
+LayerNorm: ``y = (x - mean x) / s``) and ``w`` its gain, in closed form, for every head at once.
+The model's own tensors check the premises on every run (layer 0: the norm's output from
+``x`` and ``s``, each projection from the norm's output); where one fails (a query/key norm
+after the projection, a gain of ``1 + w``, a fused projection), :func:`receiver_grads` returns
+None and the caller uses graph mode. Tests compare both to 1e-5.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from mechsink.model import act_name, hook_names, is_hooked_transformer, key_weights
+from mechsink.patching import engine
+from mechsink.patching.nodes import Receiver
+
+#: relative tolerance of the premise checks (float32 activations)
+TOLERANCE = 1e-4
+#: switch (tests and benchmarks compare against graph mode with it off)
+ENABLED = True
+
+
+@contextmanager
+def mlp_in_only(model: Any) -> Iterator[None]:
+    """``hook_mlp_in`` on (the MLP's own copy of its input), every per-head switch off."""
+    flags = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
+    before = {f: bool(getattr(model.cfg, f, False)) for f in flags}
+    try:
+        model.set_use_split_qkv_input(False)
+        model.set_use_attn_result(False)
+        model.set_use_hook_mlp_in(True)
+        yield
+    finally:
+        for flag, value in before.items():
+            if bool(getattr(model.cfg, flag, False)) != value:
+                getattr(model, f"set_{flag}")(value)
+
+
+def _weights(model: Any, kind: str) -> Float[Tensor, "layer head d_model d_head"]:
+    """Per-head (query) or per-KV-head (key, value) input projections, raw and detached."""
+    if kind == "q":
+        return model.W_Q.detach()
+    if kind == "k":
+        return key_weights(model)
+    n_kv = getattr(model.cfg, "n_key_value_heads", None)
+    if is_hooked_transformer(model) and n_kv and int(n_kv) != int(model.cfg.n_heads):
+        return torch.stack([b.attn._W_V for b in model.blocks]).detach()
+    return model.W_V.detach()
+
+
+def _layers(run: Any) -> list[int]:
+    g = run.graph
+    return list(range(g.n_layers)) + ([g.point.layer] if g.point.kind == "attn" else [])
+
+
+def _norm_kind(model: Any) -> str | None:
+    kind = str(getattr(model.cfg, "normalization_type", None))
+    return "rms" if kind.startswith("RMS") else "ln" if kind.startswith("LN") else None
+
+
+def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[int] = ()
+                   ) -> dict[str, Tensor] | None:
+    """The gradient of each copy's metric at every receiver hook (the keys and layout of
+    :meth:`GraphRun.run_coeffs` with ``with_grad``: rows ``c * batch ..``), copy ``c`` run
+    with the input embedding moved by ``shifts[c]`` times its delta and nothing injected; and
+    at ``pattern_layers``' attention patterns. None where the premises do not hold."""
+    model = run.model
+    norm = _norm_kind(model)
+    if norm is None or not run.delta.numel():
+        return None
+    layers = _layers(run)
+    kept: dict[str, Tensor] = {}
+    grads: dict[str, Tensor] = {}
+
+    def value(name: str) -> Any:
+        def hook(act: Tensor, hook: Any) -> None:
+            kept[name] = act.detach()
+        return hook
+
+    def grad_of(name: str) -> Any:
+        # a tensor of its own, returned: the bridge then computes on from it (a hook that
+        # returns nothing may see a reshaped view that nothing downstream reads)
+        def hook(act: Tensor, hook: Any) -> Tensor | None:
+            if not act.requires_grad:
+                return None
+            new = act.view_as(act)
+            new.register_hook(lambda gr: grads.__setitem__(name, gr))
+            return new
+        return hook
+
+    hooks = []
+    for layer in layers:
+        hooks += [(act_name("resid_pre", layer), value(act_name("resid_pre", layer))),
+                  (act_name("ln1.hook_scale", layer), value(act_name("ln1.hook_scale", layer)))]
+        hooks += [(act_name(k, layer), grad_of(act_name(k, layer))) for k in ("q", "k", "v")]
+    hooks += [(act_name("ln1.hook_normalized", 0), value("ln1_normalized")),
+              (act_name("ln1.hook_out", 0), value("ln1_out"))]
+    hooks += [(act_name(k, 0), value(f"{k}0")) for k in ("q", "k", "v")]
+    for slot in run.slots():
+        if not slot.heads:  # the MLP's own input and a metric at a block's output
+            hooks.append((slot.hook, grad_of(slot.hook)))
+    hooks += [(act_name("pattern", layer), grad_of(act_name("pattern", layer)))
+              for layer in pattern_layers]
+    known = hook_names(model)  # a model without some of them (TransformerLens 2's LNPre has
+    hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
+    copies = len(shifts)
+    resid0 = run.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
+    shift = torch.tensor(list(shifts), dtype=resid0.dtype).view(copies, 1, 1, 1)
+    resid0 = (resid0 + (shift * run.delta[:, :, 0]).flatten(0, 1)).requires_grad_(True)
+    with mlp_in_only(model):
+        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid0, 0, copies,
+                                  hooks, stacked=True, grad=True,
+                                  context="on the gradient run")[0]
+        torch.autograd.grad(torch.stack(vals).sum(), [resid0], allow_unused=True)
+    weights = {k: _weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
+    # model.W_Q stacks every layer's weights)
+    if not _premises_hold(model, kept, norm, weights):
+        return None
+    for layer in layers:
+        x, scale = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
+        w = _gain(model, layer)
+        for kind in ("q", "k", "v"):
+            gr = grads.pop(act_name(kind, layer), None)
+            if gr is None:
+                continue
+            u = torch.einsum("bphe,hde->bphd", gr, weights[kind][layer])
+            u = u if w is None else u * w
+            grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
+    return grads
+
+
+def _norm_vjp(u: Tensor, x: Float[Tensor, "rows pos d_model"], scale: Tensor, norm: str
+              ) -> Float[Tensor, "rows pos head d_model"]:
+    """``J^T u`` per head for ``y = x / s`` (RMS) or ``y = (x - mean x) / s`` (LN), ``s``
+    the norm's scale (``hook_scale``, eps included), ``u`` ``[rows, pos, head, d_model]``."""
+    s = scale.reshape(*x.shape[:2], 1, 1)
+    xs = x.unsqueeze(2)
+    if norm == "ln":
+        xhat = (xs - xs.mean(-1, keepdim=True)) / s
+        return (u - u.mean(-1, keepdim=True) - xhat * (u * xhat).mean(-1, keepdim=True)) / s
+    d = x.shape[-1]
+    return u / s - xs * (u * xs).sum(-1, keepdim=True) / (d * s ** 3)
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    return bool((a - b).abs().max() <= TOLERANCE * max(1.0, float(b.abs().max())))
+
+
+def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
+                   weights: dict[str, Tensor]) -> bool:
+    """Layer 0 of this run: ``hook_normalized`` is ``x / s`` (or ``(x - mean) / s``), the
+    norm's output its gain times that (plus its bias), and q/k/v their projections of it."""
+    needed = ("ln1_normalized", "ln1_out", "q0", "k0", "v0")
+    if any(k not in kept for k in needed):
+        return False
+    x, s = kept[act_name("resid_pre", 0)], kept[act_name("ln1.hook_scale", 0)]
+    s = s.reshape(*x.shape[:2], 1)
+    centred = x - x.mean(-1, keepdim=True) if norm == "ln" else x
+    normed = kept["ln1_normalized"]
+    w, b = _gain(model, 0), getattr(model.blocks[0].ln1, "b", None)
+    out = normed * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
+    if not (_close(centred / s, normed) and _close(out, kept["ln1_out"])):
+        return False
+    biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
+    for kind in ("q", "k", "v"):
+        proj = torch.einsum("bpd,hde->bphe", kept["ln1_out"], weights[kind][0])
+        bias = _bias(model, biases[kind], proj.shape[2])
+        if bias is not None:
+            proj = proj + bias
+        if proj.shape != kept[f"{kind}0"].shape or not _close(proj, kept[f"{kind}0"]):
+            return False
+    return True
+
+
+def _gain(model: Any, layer: int) -> Tensor | None:
+    """The gain of block ``layer``'s attention norm (None: a norm without one, LNPre)."""
+    w = getattr(model.blocks[layer].ln1, "w", None)
+    return None if w is None else w.detach()
+
+
+def _bias(model: Any, name: str, heads: int) -> Tensor | None:
+    """Layer 0's projection bias ``[head, d_head]`` for ``heads`` heads, or None."""
+    if is_hooked_transformer(model) and name != "b_Q" and heads != int(model.cfg.n_heads):
+        b = getattr(model.blocks[0].attn, f"_{name}", None)
+    else:
+        try:
+            b = getattr(model, name)
+        except (AttributeError, RuntimeError):
+            return None
+        b = None if b is None else b[0]
+    return None if b is None else b.detach()
