@@ -124,7 +124,8 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
     copies = len(shifts)
     resid0 = run.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
     shift = torch.tensor(list(shifts), dtype=resid0.dtype).view(copies, 1, 1, 1)
-    resid0 = (resid0 + (shift * run.delta[:, :, 0]).flatten(0, 1)).requires_grad_(True)
+    step = (shift * run.delta[:, :, 0]).flatten(0, 1).to(resid0.dtype)  # a float32 delta must
+    resid0 = (resid0 + step).requires_grad_(True)  # not lift a half-precision model's input
     with mlp_in_only(model):
         vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid0, 0, copies,
                                   hooks, stacked=True, grad=True,

@@ -35,17 +35,18 @@ QUANTITIES: dict[str, tuple[str, dict[str, float]]] = {
     "census massive top-3": ("rel", {"bfloat16": 0.015, "float16": 0.002}),
     "census norm ratio": ("rel", {"bfloat16": 0.005, "float16": 0.001}),
     "census head norms": ("rel", {"bfloat16": 0.006, "float16": 0.001}),
-    "activation patching, logit_diff": ("metric", {"bfloat16": 0.06, "float16": 0.01}),
+    "activation patching, logit_diff": ("metric", {"bfloat16": 0.12, "float16": 0.015}),
     "activation patching, sink_score": ("abs", {"bfloat16": 0.003, "float16": 0.0005}),
     "path patching, logit_diff": ("metric", {"bfloat16": 0.06, "float16": 0.01}),
-    "discovery EAP": ("metric", {"bfloat16": 0.04, "float16": 0.006}),
+    "discovery EAP": ("metric", {"bfloat16": 0.1, "float16": 0.01}),
     "discovery exact edges": ("metric", {"bfloat16": 0.1, "float16": 0.015}),
     "readout sink scores": ("abs", {"bfloat16": 0.003, "float16": 0.0005}),
     "readout loss": ("rel", {"bfloat16": 0.01, "float16": 0.0015}),
 }
-#: (family, dtype) whose EAP gradients leave float16's range already in float32 (the tiny
-#: models' layer-0 value-input gradient is 2e5 on Llama, 2e8 on Gemma 2): refused, naming it
-EAP_OVERFLOWS = {("LlamaForCausalLM", "float16"), ("Gemma2ForCausalLM", "float16")}
+#: (family, dtype) whose EAP gradients leave float16's range already in float32: none since the
+#: suite's models have a live BOS row (a zero one, as pad_token_id = BOS gave, put layer 0's
+#: value-input gradient at 2e5 on Llama and 2e8 on Gemma 2: the case the test below rebuilds)
+EAP_OVERFLOWS: set[tuple[str, str]] = set()
 
 
 def test_the_readme_states_the_tolerances_tested_here():
@@ -177,14 +178,20 @@ def test_every_entry_point_in_half_precision_within_the_stated_tolerance(
     assert any(d > 0 for d in diffs.values())  # really computed in half precision
 
 
-@pytest.mark.parametrize("arch", sorted(a for a, _ in EAP_OVERFLOWS))
-def test_gradients_beyond_float16_are_an_error_naming_the_dtype(loaded, arch):
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Gemma2ForCausalLM"])
+def test_gradients_beyond_float16_are_an_error_naming_the_dtype(folders, arch):
+    """A zero BOS embedding row (position 0 all zeros; RMSNorm then divides by its eps) puts
+    layer 0's value-input gradient beyond 65504: EAP refuses, naming the dtype."""
+    import mechsink
     from mechsink.discover.methods.eap import eap
     from mechsink.discover.run import GraphRun
     from mechsink.errors import BadInputError
     from mechsink.patching import LogitDiff
 
-    run = GraphRun(loaded(arch, "float16"), CLEAN, LogitDiff(3, 17), corrupted=CORRUPTED)
+    model = mechsink.load_model(f"hf:{folders[arch]}", device="cpu", dtype="float16")
+    with torch.no_grad():
+        model.original_model.get_input_embeddings().weight[builder.BOS].zero_()
+    run = GraphRun(model, CLEAN, LogitDiff(3, 17), corrupted=CORRUPTED)
     with pytest.raises(BadInputError, match="float16, whose largest value is 65504.*bfloat16"):
         eap(run, verify=0)
 
