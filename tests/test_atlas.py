@@ -100,3 +100,18 @@ def test_a_claim_that_did_not_run_links_nothing():
     cell = atlas._cell(None, None, "the model has no query bias (b_Q).")
     assert cell["link"] is None and cell["verdict"] == "not applicable"
     assert cell["evidence"] == "the model has no query bias (b_Q)"
+
+
+def test_c3_reads_the_most_complete_removal():
+    """Where the creating block's set leaves the sink but every building block's sets remove
+    it (Gemma 3: block 5 names the channel, blocks 3-11 build it), C3 is judged on the latter,
+    and the cell says so; otherwise the creating set's verdict stands."""
+    plain = {"verdict": "not supported", "criterion": "c", "evidence": "0.58 -> 0.59"}
+    every = {"verdict": "supported", "criterion": "c all", "evidence": "0.66 -> 0.14"}
+    cell = atlas._c3_cell({"C3": plain, "C3, every building block": every}, "m/so", None)
+    assert cell["verdict"] == "supported" and cell["criterion"] == "c all"
+    assert "every building block" in cell["evidence"] and "0.58 -> 0.59" in cell["evidence"]
+    kept = atlas._c3_cell({"C3": {**plain, "verdict": "supported"},
+                           "C3, every building block": every}, "m/so", None)
+    assert kept["verdict"] == "supported" and kept["evidence"] == "0.58 -> 0.59"
+    assert atlas._c3_cell({"C3": plain}, None, None)["verdict"] == "not supported"

@@ -194,6 +194,20 @@ def _c2_cell(verdicts: dict[str, dict[str, str]], link: str | None, reason: str 
     return cell
 
 
+def _c3_cell(verdicts: dict[str, dict[str, str]], link: str | None, reason: str | None
+             ) -> dict[str, Any]:
+    """C3 from the most complete removal: the creating block's set, or (where no single block
+    creates the channel and removing that set leaves the sink) every building block's sets."""
+    plain, every = verdicts.get("C3"), verdicts.get("C3, every building block")
+    if plain is None or every is None or plain["verdict"] != "not supported" \
+            or every["verdict"] == "not supported":
+        return _cell(plain, link, reason)
+    cell = _cell(every, link, reason)
+    cell["evidence"] = (f"every building block's sets removed: {every['evidence']} (the "
+                        f"creating block's set alone: {plain['verdict']}, {plain['evidence']})")
+    return cell
+
+
 def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
                settings: dict[str, Any]) -> tuple[Any, ...]:
     """The experiments of one model (each cached in its folder), the first-token table and
@@ -262,7 +276,7 @@ def model_row(name: str, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
     cells = {
         "C1": _cell(_first(so_v, "C1"), rel("structural_origin") if so else None, so_why),
         "C2": _c2_cell(so_v, rel("structural_origin") if so else None, so_why),
-        "C3": _cell(_first(so_v, "C3"), rel("structural_origin") if so else None, so_why),
+        "C3": _c3_cell(so_v, rel("structural_origin") if so else None, so_why),
         "C4": _cell(_first(so_v, "C4"), rel("structural_origin") if so else None, so_why),
         "C5": _cell(_first(p0_v, "no BOS needed"), rel("p0_sink") if p0 else None, p0_why),
         "C6": _cell(_first(qb_v, "b_Q . k_0 only"), rel("query_bias_dose") if qb else None,
