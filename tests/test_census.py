@@ -267,3 +267,15 @@ def test_census_frame_counts_both_massive_rules():
     row = frame.iloc[0]
     assert row["massive"] == 0 and row["massive_layer_median"] == 1
     assert row["massive_layer_median_channels"] == [7]
+
+
+def test_scan_no_validate_sets_skips_the_causal_check(tmp_path):
+    args = ["scan", "random:llama-tiny", "--n", "2", "--seq-len", "8", "--suite", "natural",
+            "--variant", "bos", "--no-report"]
+    on = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "on")])
+    off = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "off"), "--no-validate-sets"])
+    assert on.exit_code == 0 and off.exit_code == 0, (on.output, off.output)
+    with_check = json.loads((tmp_path / "on" / "census.json").read_text())
+    without = json.loads((tmp_path / "off" / "census.json").read_text())
+    assert "super_neuron_causality" in with_check and "super_neuron_causality" not in without
+    assert with_check["runs"] == without["runs"]

@@ -195,6 +195,9 @@ def scan(
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     report: bool = typer.Option(True, help="also write figures, attention.html and index.html"),
+    validate_sets: bool = typer.Option(
+        True, help="zero every super-neuron set against a same-size random set to name the "
+                   "block whose set carries the sink (1 + 2 x sets forwards of 16 prompts)"),
 ) -> None:
     """Sink census: sink scores and rates, massive activations, super neurons, norm ratios,
     value drain, key-bias cosine, dormant heads and variance discrepancy on every input suite;
@@ -242,7 +245,8 @@ def scan(
                 bar.update(task, description=f"census {name}", completed=sum(finished.values()))
 
             result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
-                            batch_size=batch_size, model_name=model, progress=progress)
+                            batch_size=batch_size, model_name=model, progress=progress,
+                            validate_sets=validate_sets)
             data = result.to_dict()
         with _result_set(folder) as staging:
             # strict JSON: a non-finite value is null with a reason beside it (mechsink.io)
