@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from pathlib import Path
 
 import matplotlib as mpl
@@ -131,6 +132,34 @@ def test_notebook_markdown_keeps_prints_and_images_and_drops_stderr(tmp_path: Pa
         new_output("error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])])])
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         docs_build.notebook_markdown(bad, tmp_path / "f2", "f2")
+
+
+def test_notebook_pages_embed_attention_views_without_their_bundled_library(
+        tmp_path: Path) -> None:
+    pytest.importorskip("nbformat")
+    import torch
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from mechsink.viz import attention as va
+
+    va.reset_js()  # the next view inlines circuitsvis, as a kernel's first view does
+    view = va.attention(torch.tensor([[[1.0, 0.0], [0.25, 0.75]]]), ["<s>", "a"], title="L0")
+    html = view._repr_html_()
+    assert len(html) > docs_build.notebooks.BUNDLE_CHARS  # the library came with it
+    table = "<table><tr><td style='color:red'>1</td></tr></table>"
+    nb = new_notebook(cells=[new_code_cell("view", outputs=[
+        new_output("display_data", data={"text/html": html, "text/plain": repr(view)}),
+        new_output("display_data", data={"text/html": table, "text/plain": "t"}),
+        new_output("display_data", data={"text/html": "<img src='https://x/y.png'>",
+                                          "text/plain": "offsite"})])])
+    md = docs_build.notebook_markdown(nb, tmp_path / "files", "files")
+    assert len(md) < 20_000  # the 1.3 MB library is not copied: the site serves it
+    div = md[md.index('<div class="mechsink-nb-html" markdown="0">'):]
+    assert "mechsink-cv-legend" in div and 'class="mechsink-cv"' in div
+    props = json.loads(re.search(r"AttentionHeads, (\{.*?\})\);", div).group(1))
+    assert props["attention"] == [[[1.0, 0.0], [0.25, 0.75]]] and props["tokens"] == ["<s>", "a"]
+    assert table in md
+    assert "https://x" not in md and "```text\noffsite\n```" in md  # off-page: its text
 
 
 def test_summary_body_drops_title_and_images_and_separates_tables() -> None:

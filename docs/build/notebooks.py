@@ -56,10 +56,30 @@ def _fence(text: str, lang: str = "") -> str:
     return f"{ticks}{lang}\n{text.rstrip()}\n{ticks}\n"
 
 
+#: an inline script longer than this is a bundled library (circuitsvis's, about 1.3 MB), which
+#: the site already loads from its own assets: it is dropped from embedded outputs
+BUNDLE_CHARS = 100_000
+_SCRIPT = re.compile(r"<script\b[^>]*>(.*?)</script>", re.S | re.I)
+_OFF_PAGE = re.compile(r"""\b(?:src|href|action)\s*=\s*["']?\s*(?:[a-z][a-z0-9+.-]*:|//)|"""
+                       r"""@import|url\(\s*["']?\s*(?:[a-z][a-z0-9+.-]*:|//)""", re.I)
+
+
+def embeddable_html(page: str) -> str | None:
+    """A notebook's HTML output ready to embed in a page (as a raw HTML block), or None when it
+    refers to anything off the page (a script, stylesheet, image or link with a scheme or
+    ``//``): then its text form is shown instead. Inline library bundles are dropped (the site
+    serves circuitsvis itself; a view waits for it)."""
+    body = _SCRIPT.sub(lambda m: "" if len(m.group(1)) > BUNDLE_CHARS else m.group(0), page)
+    if _OFF_PAGE.search(body):
+        return None
+    return f'<div class="mechsink-nb-html" markdown="0">\n{body.strip()}\n</div>\n'
+
+
 def notebook_markdown(nb: Any, files_dir: Path, files_url: str) -> str:
     """Markdown for an executed notebook: cells in order, outputs under their code; PNG outputs
-    are written into ``files_dir`` and linked as ``files_url/NAME``. HTML outputs are not
-    copied (they could load scripts from elsewhere); their text form is shown instead."""
+    are written into ``files_dir`` and linked as ``files_url/NAME``; HTML outputs (circuitsvis
+    views, tables) are embedded as they are (:func:`embeddable_html`), or, when they refer to
+    anything off the page, shown in their text form."""
     parts, n_img = [], 0
     ansi = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
     for cell in nb.cells:
@@ -87,6 +107,8 @@ def notebook_markdown(nb: Any, files_dir: Path, files_url: str) -> str:
                     name = f"output-{n_img}.png"
                     atomic_write_bytes(files_dir / name, base64.b64decode(_text(data["image/png"])))
                     parts.append(f"![output {n_img}]({files_url}/{name})\n")
+                elif "text/html" in data and (page := embeddable_html(_text(data["text/html"]))):
+                    parts.append(page)
                 elif "text/markdown" in data:
                     parts.append(_text(data["text/markdown"]) + "\n")
                 elif "text/plain" in data:
