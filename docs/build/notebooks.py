@@ -72,7 +72,9 @@ def embeddable_html(page: str) -> str | None:
     body = _SCRIPT.sub(lambda m: "" if len(m.group(1)) > BUNDLE_CHARS else m.group(0), page)
     if _OFF_PAGE.search(body):
         return None
-    return f'<div class="mechsink-nb-html" markdown="0">\n{body.strip()}\n</div>\n'
+    caption = ("<p>Table: the output of the cell above, as the notebook shows it.</p>\n"
+               if re.search(r"<table\b", body, re.I) else "")
+    return f'<div class="mechsink-nb-html" markdown="0">\n{caption}{body.strip()}\n</div>\n'
 
 
 def notebook_markdown(nb: Any, files_dir: Path, files_url: str) -> str:

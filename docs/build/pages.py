@@ -15,7 +15,7 @@ from typing import Any
 from docs.build.cache import Cache, slug
 from docs.build.notebooks import notebook_markdown
 from docs.build.plan import DOCS, ROOT, Plan
-from docs.build.tables import helpers
+from docs.build.tables import caption_tables, helpers
 from mechsink.errors import MissingDependencyError
 from mechsink.io import atomic_write_json, atomic_write_text
 
@@ -285,6 +285,11 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
     findings = write_findings(site, src)
     if site.notebooks:
         write_notebook_pages(site, src)
+    for page in sorted(src.rglob("*.md")):  # every table gets its caption
+        if page.relative_to(src).parts[0] != "api":
+            text = page.read_text(encoding="utf-8")
+            if (captioned := caption_tables(text)) != text:
+                atomic_write_text(page, captioned)
     if site.plan.name == "quick":
         committed = site.committed_pages()
         for page in sorted(src.rglob("*.md")):
