@@ -154,7 +154,7 @@ def test_notebook_pages_embed_attention_views_without_their_bundled_library(
                                           "text/plain": "offsite"})])])
     md = docs_build.notebook_markdown(nb, tmp_path / "files", "files")
     assert len(md) < 20_000  # the 1.3 MB library is not copied: the site serves it
-    div = md[md.index('<div class="mechsink-nb-html" markdown="0">'):]
+    div = md[md.index('<div class="mechsink-nb-html" markdown="0"'):]
     assert "mechsink-cv-legend" in div and 'class="mechsink-cv"' in div
     props = json.loads(re.search(r"AttentionHeads, (\{.*?\})\);", div).group(1))
     assert props["attention"] == [[[1.0, 0.0], [0.25, 0.75]]] and props["tokens"] == ["<s>", "a"]

@@ -125,6 +125,12 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
                 assert f"(findings/{page}.md#{atlas_pages.anchor(row['model'])})" in line
     assert "not applicable" in rows["[C6](#atlas-c6)"]  # random:llama-tiny has no b_Q
     assert atlas.entry["command"] in md and "0000000000" in md
+    evidence = atlas_pages.evidence_section(atlas)
+    for claim in atlas.data["claims"]:
+        assert f"{{ #atlas-{claim.lower()} }}" in evidence  # the table's row links land
+    for row in atlas.data["models"]:
+        for cell in row["cells"].values():
+            assert f"Measured: {cell['evidence']}." in evidence
 
 
 def test_cross_model_page_reads_the_atlas_first_token_table(committed: Path) -> None:

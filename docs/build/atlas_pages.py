@@ -65,7 +65,8 @@ def _criterion(cells: list[Mapping[str, Any]]) -> str:
 
 
 def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
-    """The home page's atlas: the table of claims x models, then the criteria and evidence."""
+    """The home page's atlas: the table of claims x models (:func:`evidence_section` writes
+    every cell out, further down the page)."""
     data = atlas.data
     models = data["models"]
     s = data["settings"]
@@ -94,9 +95,17 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
                      + f" | {_cell(common)} |")
     lines += ["", "The sink rate of every model on every prompt suite and first token is on "
               f"[the cross-model page]({prefix}findings/cross-model.md).", ""]
-    lines += ["### Criteria and evidence { #atlas-evidence }", ""]
+    return "\n".join(lines)
+
+
+def evidence_section(atlas: CommittedAtlas) -> str:
+    """Every atlas cell written out: per claim and model, the verdict, the criterion and what
+    was measured (the home page's table links here)."""
+    data = atlas.data
+    models = data["models"]
+    lines = ["## The atlas, cell by cell: criteria and evidence { #atlas-evidence }", ""]
     for claim, what in data["claims"].items():
-        lines += [f"#### {claim}: {what} {{ #atlas-{claim.lower()} }}", ""]
+        lines += [f"### {claim}: {what} {{ #atlas-{claim.lower()} }}", ""]
         for m in models:
             c = m["cells"][claim]
             lines.append(f"- `{m['model']}`: **{c['verdict']}**. Criterion: {c['criterion']}. "

@@ -153,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("site", nargs="?", type=Path, default=DOCS / "_site")
     parser.add_argument("--browser", action="store_true",
                         help="also walk every page in headless Chromium (JS errors, requests)")
+    parser.add_argument("--screenshots", nargs="?", type=Path, const=DOCS / "_build" /
+                        "screenshots", default=None, metavar="DIR",
+                        help="also photograph the home page, a finding page, the cross-model "
+                             "page and a notebook page into DIR (docs/_build/screenshots)")
     parser.add_argument("--examples", type=int, default=3, help="examples shown per count")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = parser.parse_args(argv)
@@ -170,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         counts["missing targets"] += len(walk.missing)
         report.problems["JS errors"] = walk.errors
         report.problems["network requests"] = walk.requests
+    if args.screenshots is not None:
+        for rel, shot in _site_walk().screenshots(args.site, args.screenshots).items():
+            views = ", ".join(f"{v['elements']} elements" for v in shot["views"]) or "none"
+            print(f"screenshot {shot['file']} ({rel}, {shot['height']} px tall; attention "
+                  f"views: {views})")
     if args.json:
         print(json.dumps({"pages": report.pages, "links": report.links, **counts}))
     else:

@@ -74,7 +74,8 @@ def embeddable_html(page: str) -> str | None:
         return None
     caption = ("<p>Table: the output of the cell above, as the notebook shows it.</p>\n"
                if re.search(r"<table\b", body, re.I) else "")
-    return f'<div class="mechsink-nb-html" markdown="0">\n{caption}{body.strip()}\n</div>\n'
+    return (f'<div class="mechsink-nb-html" markdown="0" style="overflow-x:auto">\n{caption}'
+            f"{body.strip()}\n</div>\n")
 
 
 def notebook_markdown(nb: Any, files_dir: Path, files_url: str) -> str:

@@ -271,7 +271,8 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
         "gallery_models": list(site.census), "notebooks": list(site.notebooks),
         "main_attention": gallery_blocks(site.gallery[main], prefix="cvmain")
         if main in site.gallery else "",
-        "atlas_home": home_atlas(site), "atlas_committed": site.atlas is not None, **helpers(),
+        "atlas_home": home_atlas(site), "atlas_committed": site.atlas is not None,
+        "atlas_evidence": atlas_evidence(site), **helpers(),
     }
     for page in pages:
         depth = len(page.relative_to(src).parts) - 1
@@ -311,6 +312,15 @@ def home_atlas(site: Site) -> str:
     return ("*No atlas is committed yet (`docs/results/`), so this page has no atlas table: "
             "import a finished one with `python -m docs.build --import-results atlas FOLDER` "
             "(see `docs/results/README.md`).*\n")
+
+
+def atlas_evidence(site: Site) -> str:
+    """The home page's cell-by-cell evidence of the committed atlas ('' without one)."""
+    if site.atlas is None:
+        return ""
+    from docs.build.atlas_pages import evidence_section
+
+    return evidence_section(site.atlas)
 
 
 def quick_banner(plan: Plan) -> str:
