@@ -154,3 +154,25 @@ def test_attention_views_carry_a_colour_legend_in_their_own_colours() -> None:
     view = va.attention(torch.tensor([[[1.0, 0.0], [0.3, 0.7]]]), ["a", "b"])
     assert view.props()["positiveColor"] == va.POSITIVE_COLOUR
     assert "mechsink-cv-legend" in view._body("d", with_js=False)
+
+
+def test_query_bias_dose_figure_reads_at_8pt_and_draws_the_verdicts_threshold(
+        kept: list, tmp_path) -> None:
+    import mechsink.viz.experiments as vx
+
+    def curve(removed):
+        return {"rows": [{"dose": d, "late_sink_score": {
+            "mean": 0.6 * (removed + (1 - removed) * min(d, 1)), "low": 0.5, "high": 0.7}}
+            for d in (0.0, 0.5, 1.0, 2.0)]}
+    parts = ["b_Q", "b_Q . k_0 only", "layer-0 MLP at position 0", "W_K structure"]
+    data = {"model": "qwen2.5-0.5b", "curves": {p: curve(0.1 * i) for i, p in enumerate(parts)},
+            "verdicts": {p: {"verdict": "necessary"} for p in parts}}
+    vx.plot_query_bias_dose(data, tmp_path / "q.png")
+    fig = kept[0]
+    assert fig.get_figwidth() <= style.PAGE_WIDTH + 1e-9
+    assert style.smallest_text(fig) >= style.MIN_FONT
+    panels = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == [f"{p}: necessary" for p in parts]
+    half = [ln.get_ydata()[0] for ln in panels[0].get_lines() if ln.get_linestyle() == "--"]
+    assert half == [pytest.approx(0.3)]  # half the clean score (0.6 at dose 1)
+    assert vx.plot_query_bias_dose({"model": "m", "curves": {}}, tmp_path / "n.png") is None

@@ -351,3 +351,42 @@ def _label(name: str, n: int = 18) -> str:
 
 def _peak(nodes: list[dict[str, Any]], key: str) -> float:
     return max((abs(n[key] or 0.0) for n in nodes), default=0.0) or 1.0
+
+
+@use_style
+def plot_query_bias_dose(data: dict[str, Any], path: str | Path, level: float = 0.95
+                         ) -> Path | None:
+    """The query-bias circuit dosed (``query_bias_dose``'s result): one panel per part (b_Q,
+    b_Q . k_0 only, the layer-0 MLP at position 0, W_K's structure), two a row at page width:
+    the sink heads' score at key 0 against the dose with its ``level`` interval over prompts,
+    the clean dose (1) dotted and the verdict's threshold (half the clean score) dashed."""
+    curves = data.get("curves") or {}
+    if not curves:
+        return None
+    names = list(curves)
+    cols = min(2, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 2.9 * rows + 0.6), squeeze=False,
+                             sharey=True, layout="constrained")
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name, color in zip(axes.flat, names, PALETTE, strict=False):
+        pts = [r for r in curves[name]["rows"] if r["late_sink_score"]]
+        x = [r["dose"] for r in pts]
+        s = [r["late_sink_score"] for r in pts]
+        ax.plot(x, [v["mean"] for v in s], marker="o", ms=3, color=color)
+        ax.fill_between(x, [v["low"] for v in s], [v["high"] for v in s], color=color,
+                        alpha=0.25, lw=0)
+        ax.axvline(1.0, color=GRAY, lw=0.8, ls=":")
+        clean = next((r["late_sink_score"] for r in pts if r["dose"] == 1.0), None)
+        if clean is not None:
+            ax.axhline(clean["mean"] / 2, color=GRAY, lw=0.8, ls="--")
+        verdict = (data.get("verdicts") or {}).get(name, {}).get("verdict", "")
+        ax.set_title(f"{name}: {verdict}" if verdict else name, fontsize=MIN_FONT + 1)
+        ax.set(xlabel="dose (0 = removed, 1 = clean)", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+    for row in axes:
+        row[0].set_ylabel("sink heads' score at key 0")
+    fig.suptitle(f"{data['model']}: query-bias circuit, dose-response ({level:.0%} intervals "
+                 "over prompts; dashed: half the clean score)")
+    return Path(save(fig, Path(path)))
