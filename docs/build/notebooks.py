@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +42,28 @@ def execute_notebook(path: Path, params: Mapping[str, Any], cwd: Path,
                                      "ipykernel: pip install -e '.[docs]'") from exc
     nb = set_parameters(nbformat.read(path, as_version=4), params)
     env_cwd = str(cwd)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": env_cwd}}).execute()
+    with this_checkout_first():
+        NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": env_cwd}}).execute()
     return nb
+
+
+@contextmanager
+def this_checkout_first() -> Iterator[None]:
+    """Put this checkout first on the kernel's ``PYTHONPATH`` for the block: a notebook runs in
+    its own folder, where ``import mechsink`` would otherwise find whatever mechsink the
+    environment installed (another checkout's, with an editable install), not the code this
+    site documents."""
+    root = str(Path(__file__).resolve().parents[2])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = root + (os.pathsep + old if old else "")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 def _text(x: Any) -> str:
