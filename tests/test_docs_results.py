@@ -161,6 +161,7 @@ def test_finding_sections_are_drawn_from_the_committed_json_without_a_model(
                / "structural_origin.png")
         assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     qb = (tmp_path / "findings" / "query-bias-dose.md").read_text()
-    assert "organism" in qb and "random-llama-tiny" not in qb  # only the model with b_Q
+    assert "organism" in qb and "{ #model-random-llama-tiny }" not in qb  # only with b_Q
+    assert "Not on this page: `random:llama-tiny` (the model has no query bias (b_Q))" in qb
     assert site.committed_pages() == {"index.md", "findings/cross-model.md", "findings/chain.md",
                                       "findings/p0-circuit.md", "findings/query-bias-dose.md"}

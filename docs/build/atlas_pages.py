@@ -6,6 +6,7 @@ Everything is read from the committed JSON; nothing here runs a model."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -13,7 +14,7 @@ from typing import Any
 
 from docs.build.cache import slug
 from docs.build.findings import BY_NAME, _cell, story
-from docs.build.results import CommittedAtlas
+from docs.build.results import STEP_MARKER, CommittedAtlas
 
 NUM = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
@@ -167,4 +168,22 @@ def step_rows(atlas: CommittedAtlas, step: str) -> list[tuple[Mapping[str, Any],
         folder = atlas.step(row, step)
         if folder is not None:
             out.append((row, folder))
+    return out
+
+
+def absent_rows(atlas: CommittedAtlas, step: str) -> list[tuple[str, str]]:
+    """The models of the atlas without a result of ``step``, each with the reason (what the
+    step recorded, or what its claim's cell says)."""
+    claims = [c for c, st in CLAIM_STEP.items() if st == step]
+    out = []
+    for row in atlas.data["models"]:
+        if atlas.step(row, step) is not None:
+            continue
+        marker = atlas.root / row["folder"] / step / STEP_MARKER
+        reason = None
+        if marker.is_file():
+            reason = json.loads(marker.read_text(encoding="utf-8")).get("not_applicable")
+        if reason is None and claims:
+            reason = row["cells"][claims[0]].get("evidence")
+        out.append((row["model"], str(reason or "not run")))
     return out

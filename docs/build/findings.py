@@ -205,13 +205,17 @@ class Section:
 
 
 def multi_model_page(f: Finding, sections: list[Section], made_by: str,
-                     provenance: str) -> str:
+                     provenance: str, absent: list[tuple[str, str]] | None = None) -> str:
     """A finding page with a section per model (the atlas's): what is tested, the verdicts of
     every model side by side, then per model its finding, figure, verdicts and folded summary.
-    ``made_by``: the command that made every section; ``provenance``: its date and commit."""
+    ``made_by``: the command that made every section; ``provenance``: its date and commit;
+    ``absent``: the atlas's models without this result, with the reason."""
     lines = [f"# {f.title}", "", f"**What is tested.** {f.tests}", "",
              "On " + ", ".join(f"[`{s.model}`](#{s.anchor})" for s in sections)
              + f", from the committed atlas. {provenance}", ""]
+    if absent:
+        lines += ["Not on this page: " + "; ".join(f"`{m}` ({_cell(why)})" for m, why in absent)
+                  + ".", ""]
     claims = list(dict.fromkeys(r["claim"] for s in sections for r in verdict_rows(s.result)))
     if claims:
         lines += ["Table: every model's verdicts side by side (each model's criteria and "

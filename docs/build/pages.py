@@ -167,7 +167,7 @@ def draw_result(site: Site, name: str, folder: Path, tag: str, dest: Path) -> li
 def write_atlas_findings(site: Site, src: Path) -> list[tuple[Any, list[dict[str, str]], str]]:
     """The finding pages the committed atlas feeds (a section per model); (finding, verdict
     rows of its first model, models) per page written."""
-    from docs.build.atlas_pages import anchor, provenance, step_rows
+    from docs.build.atlas_pages import absent_rows, anchor, provenance, step_rows
     from docs.build.findings import BY_NAME, Section, multi_model_page, verdict_rows
     from docs.build.results import ATLAS_STEPS
 
@@ -186,7 +186,7 @@ def write_atlas_findings(site: Site, src: Path) -> list[tuple[Any, list[dict[str
                                     module.summary(result), figures,
                                     f"../assets/results/{atlas.name}/{row['folder']}/{step}"))
         page = multi_model_page(f, sections, atlas.entry.get("command") or "-",
-                                provenance(atlas))
+                                provenance(atlas), absent_rows(atlas, step))
         atomic_write_text(src / "findings" / f"{f.slug}.md", page)
         out.append((f, verdict_rows(sections[0].result),
                     ", ".join(f"`{s.model}`" for s in sections)))
