@@ -332,7 +332,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8,
              color=[RED if n["name"] in members else GRAY for n in biggest])
     ax_b.set_ylabel(f"{channel}: clean - patched\n(via {mlp})", fontsize=MIN_FONT)
     ax_b.set_title(f"the {len(biggest)} largest of {len(nodes)} path effects into the channel "
-                   "(red: minimal circuit)", fontsize=MIN_FONT + 1)
+                   "(vermillion: the minimal circuit)", fontsize=MIN_FONT + 1)
     ax_b.set_xticks(x, [_label(n["name"]) for n in biggest], rotation=90, fontsize=MIN_FONT)
     ax_b.tick_params(labelsize=MIN_FONT)
     ax_b.axhline(0, color="black", lw=0.6)
