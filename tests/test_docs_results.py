@@ -124,6 +124,10 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
                     "p0-circuit" if claim == "C5" else "chain")
                 assert f"(findings/{page}.md#{atlas_pages.anchor(row['model'])})" in line
     assert "not applicable" in rows["[C6](#atlas-c6)"]  # random:llama-tiny has no b_Q
+    for claim in atlas.data["claims"]:  # every row's criterion, listed under the table
+        criterion = next(m["cells"][claim]["criterion"] for m in atlas.data["models"]
+                         if m["cells"][claim]["criterion"] != "-")
+        assert f"- **{claim}** ({atlas.data['claims'][claim]}): {criterion}." in md
     assert atlas.entry["command"] in md and "0000000000" in md
     evidence = atlas_pages.evidence_section(atlas)
     for claim in atlas.data["claims"]:

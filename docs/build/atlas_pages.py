@@ -76,15 +76,17 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
              f"prompts of {s['seq_len']} tokens, seed {s['seed']}, sink threshold eps = "
              f"{s['eps']}). {provenance(atlas)}", "",
              "Table: the atlas. Each cell: the verdict (linked to the finding page's section for "
-             "that model), the key number it rests on with its 95% interval over prompts where "
-             "the experiment gives one, and, when it differs from the row's, the criterion. The "
-             "row's criterion is in the last column; every cell's full evidence is "
-             "[below](#atlas-evidence).", "",
-             "| claim | " + " | ".join(f"`{m['model']}`" for m in models) + " | criterion |",
-             "|---|" + "---|" * (len(models) + 1)]
+             "that model) and the key number it rests on, with its 95% interval over prompts "
+             "where the experiment gives one; each row's criterion is listed right under the "
+             "table (a cell judged by another says so), every cell's full evidence "
+             "[further down](#atlas-evidence).", "",
+             "| claim | " + " | ".join(f"`{m['model']}`" for m in models) + " |",
+             "|---|" + "---|" * len(models)]
+    criteria = []
     for claim, what in data["claims"].items():
         cells = [m["cells"][claim] for m in models]
         common = _criterion(cells)
+        criteria.append(f"- **{claim}** ({what}): {common}.")
         out = []
         for m, c in zip(models, cells, strict=True):
             link = finding_link(claim, c, m["model"], prefix)
@@ -93,7 +95,9 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
                      else f"<br>criterion: {c['criterion']}")
             out.append(_cell(f"{verdict}<br>{key_figure(c['evidence'])}{extra}"))
         lines.append(f"| [{claim}](#atlas-{claim.lower()}) {_cell(what)} | " + " | ".join(out)
-                     + f" | {_cell(common)} |")
+                     + " |")
+    lines += ["", "The criteria, one per claim (the verdicts above are judged by them):", "",
+              *criteria]
     lines += ["", "The sink rate of every model on every prompt suite and first token is on "
               f"[the cross-model page]({prefix}findings/cross-model.md).", ""]
     return "\n".join(lines)
