@@ -50,6 +50,8 @@ def test_import_copies_json_only_with_the_command_settings_commit_and_date(
     assert {k: entry["settings"][k] for k in ("n", "seq_len", "seed", "eps")} == {
         k: TINY[k] for k in ("n", "seq_len", "seed", "eps")}
     assert entry["mechsink_commit"] == "0" * 40 and entry["commit_source"] == "given at import"
+    steps = {f.rsplit("/", 1)[0] for f in entry["files"] if f.endswith("/result.json")}
+    assert set(entry["steps_written"]) == steps and all(entry["steps_written"].values())
     data = json.loads((atlas_run / "atlas.json").read_text())
     for row in data["models"]:  # every step the atlas linked came along
         for cell in row["cells"].values():

@@ -53,9 +53,10 @@ def finding_link(claim: str, cell: Mapping[str, Any], model: str, prefix: str) -
 def provenance(atlas: CommittedAtlas) -> str:
     """One paragraph: the command, its date, the mechsink commit and version that made it."""
     e = atlas.entry
-    commit = (e.get("mechsink_commit") or "unknown")[:12]
+    commit = e.get("mechsink_commit") or "unknown"
+    commit = f"commit `{commit[:12]}`" if re.fullmatch(r"[0-9a-f]{40}", commit) else commit
     return (f"Made by `{e.get('command')}` on {str(e.get('made', '?'))[:10]} (mechsink "
-            f"{e.get('mechsink_version', '?')}, commit `{commit}`); committed under "
+            f"{e.get('mechsink_version', '?')}, {commit}); committed under "
             f"`docs/results/{atlas.name}/` and drawn from its JSON when the site is built "
             "(no model runs).")
 

@@ -161,16 +161,22 @@ def atlas_files(src: Path) -> dict[str, Any]:
                 raise BadInputError(f"{row['model']} {claim} links {cell['link']}, which holds "
                                     "no finished result.")
     source = json.loads((src / "manifest.json").read_text(encoding="utf-8"))
+    steps = {}  # when each step wrote its result (a resumed atlas mixes runs)
+    for rel in files:
+        if rel.endswith("/result.json"):
+            step = json.loads((src / rel).parent.joinpath("manifest.json").read_text("utf-8"))
+            steps[rel.removesuffix("/result.json")] = step.get("written")
     return {"data": data, "files": files, "command": source.get("command"),
-            "written": source.get("written")}
+            "written": source.get("written"), "steps": steps}
 
 
 def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
                  commit: str | None = None) -> dict[str, Any]:
     """Copy the JSON of the finished atlas in ``src`` into ``root/name`` and record it in the
-    manifest (``commit``: the mechsink commit the atlas ran at; default the commit checked out
-    here). Refuses a folder that is not a finished atlas before copying anything. Returns the
-    manifest entry."""
+    manifest (``commit``: the mechsink commit the atlas ran at, or a sentence when a resumed
+    run mixed commits; default the commit checked out here; each step's own write time is
+    recorded too). Refuses a folder that is not a finished atlas before copying anything.
+    Returns the manifest entry."""
     from mechsink import __version__
 
     src, root = Path(src).resolve(), Path(root)
@@ -185,7 +191,8 @@ def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
         "settings": {"models": [m["model"] for m in found["data"]["models"]],
                      **{k: s[k] for k in SETTING_KEYS if k in s},
                      "batch_size": s.get("batch_size")},
-        "made": found["written"], "imported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "made": found["written"], "steps_written": found["steps"],
+        "imported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "imported_from": str(src), "mechsink_commit": commit or git_commit(),
         "commit_source": "given at import" if commit else "the checkout that imported it",
         "mechsink_version": __version__, "experiment_code": experiment_code_digest(),
