@@ -161,6 +161,8 @@ def test_finding_sections_are_drawn_from_the_committed_json_without_a_model(
     done = write_atlas_findings(site, tmp_path)
     assert [f.slug for f, _, _ in done] == ["chain", "p0-circuit", "query-bias-dose"]
     chain = (tmp_path / "findings" / "chain.md").read_text()
+    side = chain[chain.index("Table: every model's verdicts side by side"):chain.index("## `")]
+    assert "| C1 |" in side and " / " not in side  # nested verdicts stay in the sections
     for row in atlas.data["models"]:
         assert f"{{ #{atlas_pages.anchor(row['model'])} }}" in chain
         png = (tmp_path / "assets" / "results" / "atlas" / row["folder"] / "structural_origin"

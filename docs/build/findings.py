@@ -217,9 +217,12 @@ def multi_model_page(f: Finding, sections: list[Section], made_by: str,
         lines += ["Not on this page: " + "; ".join(f"`{m}` ({_cell(why)})" for m, why in absent)
                   + ".", ""]
     claims = list(dict.fromkeys(r["claim"] for s in sections for r in verdict_rows(s.result)))
+    top = [c for c in claims if " / " not in c]  # nested verdicts stay in each model's section
+    claims = top or claims
     if claims:
-        lines += ["Table: every model's verdicts side by side (each model's criteria and "
-                  "measurements are in its section).", "",
+        lines += ["Table: every model's verdicts side by side (the experiment's own claims; "
+                  "each model's detailed verdicts, criteria and measurements are in its "
+                  "section).", "",
                   "| claim | " + " | ".join(f"[`{s.model}`](#{s.anchor})" for s in sections)
                   + " |", "|---|" + "---|" * len(sections)]
         by_model = [{r["claim"]: r["verdict"] for r in verdict_rows(s.result)} for s in sections]
