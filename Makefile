@@ -75,8 +75,11 @@ bench: setup
 	$(BIN)/python benchmarks/discover.py
 	$(BIN)/python benchmarks/sweep.py
 
-# The docs site: runs the experiments the pages show (cached in docs/_cache, so a second build
-# takes seconds), renders the pages and builds docs/_site. MECHSINK_DOCS_QUICK=1: tiny models.
+# The docs site: the committed real-model results (docs/results, JSON only: no model runs) feed
+# the home page's atlas and the pages it covers; every other page is built on tiny models
+# (cached in docs/_cache, so a second build takes seconds) with a banner saying so, then
+# docs/_site. `python -m docs.build --full`: those pages on the real models (hours).
+# Import a finished atlas: python -m docs.build --import-results atlas FOLDER --commit SHA.
 docs: setup
 	$(BIN)/python -m docs.build
 	$(BIN)/python -m docs.build.check

@@ -148,3 +148,48 @@ def _relative(link: str, html: Path) -> str:
     target = Path(unquote(link.split("#")[0].removeprefix("file://")))
     rel = os.path.relpath(target, html.parent).replace(os.sep, "/")
     return rel + ("#" + link.split("#", 1)[1] if "#" in link else "")
+
+
+#: the pages ``python -m docs.build.check --screenshots`` photographs: the home page (the atlas),
+#: one finding page, the cross-model page, and a notebook page with an embedded attention view
+SCREENSHOT_PAGES = ("index.html", "findings/chain.html", "findings/cross-model.html",
+                    "notebooks/researcher_tour.html")
+
+_VIEWS = r"""() => [...document.querySelectorAll('.mechsink-cv')].map(e => ({
+  elements: e.querySelectorAll('*').length, height: e.getBoundingClientRect().height}))"""
+
+
+def screenshots(site: Path, out: Path, pages: tuple[str, ...] = SCREENSHOT_PAGES,
+                width: int = 1280) -> dict[str, dict]:
+    """Full-page PNGs of ``pages`` (opened from ``file://``) into ``out``; per page its file, the
+    page height and its attention views (elements drawn, height): a view that drew nothing has
+    no elements."""
+    from playwright.sync_api import sync_playwright
+
+    site, out = Path(site).resolve(), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    executable = chromium_path()
+    if not executable:
+        raise RuntimeError("Chromium not found: install it or set MECHSINK_CHROMIUM")
+    shots: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="mechsink-chromium-") as profile, \
+            sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=executable, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": width, "height": 900})
+        try:
+            for rel in pages:
+                if not (site / rel).is_file():
+                    continue
+                page = context.new_page()
+                page.goto((site / rel).as_uri(), wait_until="load")
+                page.wait_for_timeout(1500)  # circuitsvis draws after load
+                png = out / (rel.removesuffix(".html").replace("/", "-") + ".png")
+                page.screenshot(path=str(png), full_page=True)
+                shots[rel] = {"file": str(png), "height": page.evaluate(
+                    "() => document.documentElement.scrollHeight"),
+                    "views": page.evaluate(_VIEWS)}
+                page.close()
+        finally:
+            context.close()
+    return shots

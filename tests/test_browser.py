@@ -106,7 +106,8 @@ def test_walking_every_page_from_file_finds_nothing_broken(browser, site: Path) 
     assert not any(problems.values()), problems
 
 
-@pytest.mark.parametrize("page_path", ["gallery/random-llama-tiny.html", "tutorials/scan.html"])
+@pytest.mark.parametrize("page_path", ["gallery/random-llama-tiny.html", "tutorials/scan.html",
+                                       "notebooks/researcher_tour.html"])
 def test_attention_views_render_offline(browser, site: Path, page_path: str,
                                         tmp_path: Path) -> None:
     assert (site / page_path).is_file()
@@ -115,7 +116,9 @@ def test_attention_views_render_offline(browser, site: Path, page_path: str,
     seen = visit(browser, (site / page_path).as_uri(), shot)
     print(f"\nscreenshots: {shot} and {shot.with_name(shot.stem + '-view.png')}")
 
-    assert seen["count"] == 2, "expected the sink-head and the ordinary-head views"
+    assert seen["count"] == 2, "expected two attention views (sink and ordinary heads)"
+    legends = (site / page_path).read_text("utf-8").count('class="mechsink-cv-legend"')
+    assert legends == 2, "every attention view has its colour legend"
     for box, n_elements in zip(seen["boxes"], seen["inner"], strict=True):
         assert box is not None and box["width"] > 100 and box["height"] > 50
         assert n_elements > 10, "circuitsvis rendered (almost) nothing"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from pathlib import Path
 
 import matplotlib as mpl
@@ -131,6 +132,50 @@ def test_notebook_markdown_keeps_prints_and_images_and_drops_stderr(tmp_path: Pa
         new_output("error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])])])
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         docs_build.notebook_markdown(bad, tmp_path / "f2", "f2")
+
+
+def test_notebook_pages_embed_attention_views_without_their_bundled_library(
+        tmp_path: Path) -> None:
+    pytest.importorskip("nbformat")
+    import torch
+    from nbformat.v4 import new_code_cell, new_notebook, new_output
+
+    from mechsink.viz import attention as va
+
+    va.reset_js()  # the next view inlines circuitsvis, as a kernel's first view does
+    view = va.attention(torch.tensor([[[1.0, 0.0], [0.25, 0.75]]]), ["<s>", "a"], title="L0")
+    html = view._repr_html_()
+    assert len(html) > docs_build.notebooks.BUNDLE_CHARS  # the library came with it
+    table = "<table><tr><td style='color:red'>1</td></tr></table>"
+    nb = new_notebook(cells=[new_code_cell("view", outputs=[
+        new_output("display_data", data={"text/html": html, "text/plain": repr(view)}),
+        new_output("display_data", data={"text/html": table, "text/plain": "t"}),
+        new_output("display_data", data={"text/html": "<img src='https://x/y.png'>",
+                                          "text/plain": "offsite"})])])
+    md = docs_build.notebook_markdown(nb, tmp_path / "files", "files")
+    assert len(md) < 20_000  # the 1.3 MB library is not copied: the site serves it
+    div = md[md.index('<div class="mechsink-nb-html" markdown="0"'):]
+    assert "mechsink-cv-legend" in div and 'class="mechsink-cv"' in div
+    props = json.loads(re.search(r"AttentionHeads, (\{.*?\})\);", div).group(1))
+    assert props["attention"] == [[[1.0, 0.0], [0.25, 0.75]]] and props["tokens"] == ["<s>", "a"]
+    assert table in md
+    assert "https://x" not in md and "```text\noffsite\n```" in md  # off-page: its text
+
+
+def test_every_table_gets_a_caption_from_its_paragraph_or_heading() -> None:
+    from docs.build.tables import caption_tables
+
+    md = ("# T\n\nWhat the numbers are,\non two lines:\n\n| a |\n|---|\n| 1 |\n\n"
+          "| x | y |\n|--|--|\n\n"
+          "## Part { #p }\n\n| b |\n|---|\n\nTable: given.\n\n| c |\n|---|\n\n"
+          '??? note "n"\n\n    In a fold:\n\n    | d |\n    |---|\n\n```\n| e |\n|---|\n```\n')
+    out = caption_tables(md)
+    assert "Table: What the numbers are,\non two lines:\n\n| a |" in out
+    assert "| 1 |\n\nTable: columns *x*, *y*.\n\n| x | y |" in out  # a table after a table
+    assert "## Part { #p }\n\nTable: Part.\n\n| b |" in out
+    assert out.count("Table: given.") == 1 and "    Table: In a fold:\n\n    | d |" in out
+    assert "```\n| e |" in out  # a fenced block is code, not a table
+    assert caption_tables(out) == out
 
 
 def test_summary_body_drops_title_and_images_and_separates_tables() -> None:
@@ -287,11 +332,16 @@ def test_check_counts_folder_links_missing_targets_dead_anchors_and_raw_roles(
     _write(tmp_path / "index.html", '<a href="a/">f</a><a href="b.html">m</a>'
            '<a href="a/p.html#nope">d</a><a href="a/p.html#here">ok</a><a href="#top">t</a>'
            '<img src="/x.png"><p>see :func:<code>f</code></p><script>":func:`x`"</script>'
-           '<a href="https://example.org/">ext</a>')
+           '<a href="https://example.org/">ext</a>'
+           '<p>Table: what it holds.</p><div><table><tr><td>1</td></tr></table></div>'
+           '<h2>x</h2><table><tr><td>2</td></tr></table>'
+           '<table class="highlighttable"><tr><td>code</td></tr></table>')
     _write(tmp_path / "a" / "p.html", '<h2 id="here">h</h2>')
+    _write(tmp_path / "api" / "q.html", '<table><tr><td>a parameter</td></tr></table>')
     report = scan(tmp_path)
     assert report.counts() == {"links to folders": 1, "missing targets": 2, "dead anchors": 2,
-                               "raw Sphinx roles": 1}
+                               "raw Sphinx roles": 1, "tables without a caption": 1}
+    assert report.problems["tables without a caption"] == ["index.html: after <h2> ''"]
     _write(tmp_path / "index.html", '<a id="top" href="a/p.html#here">ok</a>')
     assert set(scan(tmp_path).counts().values()) == {0}
 

@@ -56,6 +56,7 @@ def test_notebook_runs_on_a_tiny_model(name: str, tmp_path: Path) -> None:
         html = [_join(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
         views = [h for h in html if "CircuitsVis.render" in h]
         assert len(views) == 2 and all(external_scripts(h) == [] for h in views)
+        assert all("mechsink-cv-legend" in h for h in views)  # this checkout's views
         # circuitsvis's 1.3 MB script rides with the first view only (#30 item 6)
         assert [len(h) > 1_000_000 for h in views] == [True, False]
         assert len(views[1]) < 100_000
@@ -69,6 +70,21 @@ def test_notebook_runs_on_a_tiny_model(name: str, tmp_path: Path) -> None:
         assert any("path_rank" in h for h in html)  # the path-vs-direct frame
     else:
         assert "logit diff: clean" in printed and "scales=frozen:" in printed
+
+
+def test_a_notebook_imports_this_checkouts_mechsink(tmp_path: Path) -> None:
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from docs.build import ROOT
+
+    cell = new_code_cell("MODEL = 'x'", metadata={"tags": ["parameters"]})
+    nb = new_notebook(cells=[cell, new_code_cell("import mechsink; print(mechsink.__file__)")])
+    path = tmp_path / "where.ipynb"
+    nbformat.write(nb, path)
+    done = execute_notebook(path, {"MODEL": "y"}, tmp_path, timeout=120)
+    printed = done.cells[1].outputs[0]["text"].strip()
+    assert Path(printed).resolve() == (ROOT / "mechsink" / "__init__.py").resolve()
 
 
 def _join(text: str | list[str]) -> str:

@@ -18,8 +18,14 @@ pages, site). Steps:
 3. **Site**: ``mkdocs build`` (Material theme, web fonts off, circuitsvis's JavaScript served
    from the site itself: nothing loads from the internet) into ``docs/_site``.
 
-``--quick`` (or ``MECHSINK_DOCS_QUICK=1``) builds the same site on tiny models in about a
-minute on two cores (the browser test uses it); its pages carry a banner saying so.
+0. **Committed results** (:mod:`docs.build.results`): real-model runs kept as JSON under
+   ``docs/results`` (the atlas) feed the home page, the finding pages they cover and the
+   cross-model page (:mod:`docs.build.atlas_pages`); no model runs for them. A committed result
+   of other settings than the plan's is refused; ``--rerun atlas`` redoes it.
+
+The other pages are built on tiny models (``make docs``; ``--quick`` and
+``MECHSINK_DOCS_QUICK=1`` say the same) and carry a banner saying so; ``--full`` builds them on
+the real models (hours).
 
 The build runs offline (:mod:`docs.build.offline`: ``--fetch`` fetches the registry files it
 reads, beforehand), reuses ``report/census.json`` when it is the census it would compute

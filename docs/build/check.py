@@ -3,7 +3,8 @@
 
 Static counts, from the HTML files alone: links to folders (a folder listing, not a page, from
 ``file://``), missing targets (a link, image, script or stylesheet whose file is not in the site),
-dead anchors (``#id`` not on the target page) and raw Sphinx roles (``:func:`` shown as text).
+dead anchors (``#id`` not on the target page), raw Sphinx roles (``:func:`` shown as text) and
+content tables without a caption (a "Table: ..." paragraph right before it; API pages aside).
 ``--browser`` adds what only a browser sees (``tests/site_walk.py``, headless Chromium from
 ``file://``): JavaScript errors and network requests.
 """
@@ -28,6 +29,11 @@ LINK_ATTRS = {("a", "href"), ("img", "src"), ("script", "src"), ("link", "href")
               ("source", "src"), ("iframe", "src")}
 
 
+BLOCKS = {"h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "pre", "table", "blockquote",
+          "summary", "figure", "img"}
+NO_CAPTION_CHECK = ("api/",)  # generated reference: its tables are parameter lists
+
+
 class _Page(HTMLParser):
     """The ids, the outgoing references and the visible text of one HTML page."""
 
@@ -37,6 +43,9 @@ class _Page(HTMLParser):
         self.refs: list[tuple[str, str]] = []  # (tag, url)
         self.text: list[str] = []
         self._hidden = 0
+        self.uncaptioned: list[str] = []  # tables whose preceding block is no "Table: ..." line
+        self._p: list[str] | None = None  # the text of the paragraph being read
+        self._last: tuple[str, str] = ("", "")  # the last block closed: (tag, text)
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         for name, value in attrs:
@@ -49,14 +58,26 @@ class _Page(HTMLParser):
                 self.refs.append((tag, value))
         if tag in ("script", "style"):
             self._hidden += 1
+        if tag == "p":
+            self._p = []
+        elif tag == "table" and not dict(attrs).get("class"):  # a content table (not code's)
+            kind, text = self._last
+            if not (kind == "p" and text.strip().startswith("Table")):
+                self.uncaptioned.append(f"after <{kind or '-'}> {text.strip()[:60]!r}")
 
     def handle_endtag(self, tag: str) -> None:
         if tag in ("script", "style") and self._hidden:
             self._hidden -= 1
+        if tag == "p" and self._p is not None:
+            self._last, self._p = ("p", "".join(self._p)), None
+        elif tag in BLOCKS:
+            self._last = (tag, "")
 
     def handle_data(self, data: str) -> None:
         if not self._hidden:
             self.text.append(data)
+            if self._p is not None:
+                self._p.append(data)
 
 
 @dataclass
@@ -68,7 +89,8 @@ class Report:
     problems: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
 
     def counts(self) -> dict[str, int]:
-        keys = ("links to folders", "missing targets", "dead anchors", "raw Sphinx roles")
+        keys = ("links to folders", "missing targets", "dead anchors", "raw Sphinx roles",
+                "tables without a caption")
         return {k: len(self.problems.get(k, [])) for k in keys}
 
 
@@ -88,6 +110,9 @@ def scan(site: Path) -> Report:
     for f, page in parsed.items():
         rel = f.relative_to(site).as_posix()
         text = "".join(page.text)
+        if not rel.startswith(NO_CAPTION_CHECK):
+            report.problems["tables without a caption"] += [f"{rel}: {t}"
+                                                            for t in page.uncaptioned]
         for m in RAW_ROLE.finditer(text):
             report.problems["raw Sphinx roles"].append(f"{rel}: {text[m.start():m.end() + 30]!r}")
         for tag, url in page.refs:
@@ -128,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("site", nargs="?", type=Path, default=DOCS / "_site")
     parser.add_argument("--browser", action="store_true",
                         help="also walk every page in headless Chromium (JS errors, requests)")
+    parser.add_argument("--screenshots", nargs="?", type=Path, const=DOCS / "_build" /
+                        "screenshots", default=None, metavar="DIR",
+                        help="also photograph the home page, a finding page, the cross-model "
+                             "page and a notebook page into DIR (docs/_build/screenshots)")
     parser.add_argument("--examples", type=int, default=3, help="examples shown per count")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     args = parser.parse_args(argv)
@@ -145,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         counts["missing targets"] += len(walk.missing)
         report.problems["JS errors"] = walk.errors
         report.problems["network requests"] = walk.requests
+    if args.screenshots is not None:
+        for rel, shot in _site_walk().screenshots(args.site, args.screenshots).items():
+            views = ", ".join(f"{v['elements']} elements" for v in shot["views"]) or "none"
+            print(f"screenshot {shot['file']} ({rel}, {shot['height']} px tall; attention "
+                  f"views: {views})")
     if args.json:
         print(json.dumps({"pages": report.pages, "links": report.links, **counts}))
     else:

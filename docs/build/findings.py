@@ -45,6 +45,12 @@ FINDINGS = (
             "In GPT-2-style models the sink heads may not need the first token's content: the "
             "query and key biases alone could point every query at position 0. Each ablation "
             "below removes one ingredient and measures how much of the sink is kept."),
+    Finding("query_bias_dose", "query-bias-dose",
+            "The query-bias circuit, dosed (b_Q, b_Q . k_0, the layer-0 MLP, W_K)",
+            "Does the query bias make key 0 win? Each part of the query-bias circuit is scaled "
+            "over a dose grid with 95% intervals over prompts: all of b_Q (every query changes), "
+            "only b_Q . k_0 in the logits of key 0 (every other logit untouched), the layer-0 MLP "
+            "at position 0 and W_K's structure (claim C6 of the atlas)."),
     Finding("sink_free", "sink-free", "Sink-free attention variants",
             "Twin models trained with softmax and with each sink-free attention variant "
             "(softmax-plus-one, a sink logit, gated attention, softpick, sigmoid attention, a "
@@ -147,13 +153,13 @@ def command(name: str, model: str | None, settings: Mapping[str, Any]) -> str:
     return " ".join([*parts, options] if options else parts)
 
 
-def finding_page(f: Finding, result: Mapping[str, Any], summary_md: str, figures: list[str],
-                 model: str | None, settings: Mapping[str, Any], assets: str,
-                 result_file: str = "result.json") -> str:
-    """The Markdown of one finding page."""
+def _body_lines(f: Finding, result: Mapping[str, Any], summary_md: str, figures: list[str],
+                model: str | None, assets: str, result_file: str, level: int) -> list[str]:
+    """The finding, its key figure, the verdict table and the folded summary (headings at
+    ``level``)."""
     rows = verdict_rows(result)
     on = f" on `{model}`" if model else ""
-    lines = [f"# {f.title}", "", f"**What is tested.** {f.tests}", ""]
+    lines: list[str] = []
     if rows:
         lines += [f"**Finding{on}.** " + "; ".join(
             f"{r['claim']}: **{r['verdict']}**" for r in rows[:4])
@@ -163,7 +169,8 @@ def finding_page(f: Finding, result: Mapping[str, Any], summary_md: str, figures
         lines += [f"![{f.title}]({assets}/{key})", "",
                   f"*Figure: the key figure of `{f.name}`{on}, drawn from its result.json.*", ""]
     body = summary_body(summary_md)
-    lines += ["## Verdicts", "", verdict_table(rows), ""]
+    lines += ["#" * level + " Verdicts" + (f" on `{model}`" if level > 2 and model else ""), "",
+              verdict_table(rows), ""]
     if not rows and (table := first_table(body)):
         lines += ["Table: the experiment's main table (the first of its summary; intervals as "
                   "it reports them).", "", table, ""]
@@ -171,23 +178,79 @@ def finding_page(f: Finding, result: Mapping[str, Any], summary_md: str, figures
     lines += ["    " + line if line else "" for line in body.splitlines()]
     for extra in figures[1:]:
         lines += ["", f"    ![{extra}]({assets}/{extra})"]
-    lines += ["", "## How it was made", "", "```bash", command(f.name, model, settings), "```",
-              "", f"Data: [{result_file}]({assets}/{result_file}).", ""]
+    return [*lines, "", f"Data: [{result_file}]({assets}/{result_file}).", ""]
+
+
+def finding_page(f: Finding, result: Mapping[str, Any], summary_md: str, figures: list[str],
+                 model: str | None, settings: Mapping[str, Any], assets: str,
+                 result_file: str = "result.json") -> str:
+    """The Markdown of one finding page."""
+    lines = [f"# {f.title}", "", f"**What is tested.** {f.tests}", ""]
+    lines += _body_lines(f, result, summary_md, figures, model, assets, result_file, 2)
+    lines += ["## How it was made", "", "```bash", command(f.name, model, settings), "```", ""]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One model's result on a multi-model finding page."""
+
+    model: str
+    anchor: str
+    result: Mapping[str, Any]
+    summary_md: str
+    figures: list[str]
+    assets: str
+    result_file: str = "result.json"
+
+
+def multi_model_page(f: Finding, sections: list[Section], made_by: str,
+                     provenance: str, absent: list[tuple[str, str]] | None = None) -> str:
+    """A finding page with a section per model (the atlas's): what is tested, the verdicts of
+    every model side by side, then per model its finding, figure, verdicts and folded summary.
+    ``made_by``: the command that made every section; ``provenance``: its date and commit;
+    ``absent``: the atlas's models without this result, with the reason."""
+    lines = [f"# {f.title}", "", f"**What is tested.** {f.tests}", "",
+             "On " + ", ".join(f"[`{s.model}`](#{s.anchor})" for s in sections)
+             + f", from the committed atlas. {provenance}", ""]
+    if absent:
+        lines += ["Not on this page: " + "; ".join(f"`{m}` ({_cell(why)})" for m, why in absent)
+                  + ".", ""]
+    claims = list(dict.fromkeys(r["claim"] for s in sections for r in verdict_rows(s.result)))
+    top = [c for c in claims if " / " not in c]  # nested verdicts stay in each model's section
+    claims = top or claims
+    if claims:
+        lines += ["Table: every model's verdicts side by side (the experiment's own claims; "
+                  "each model's detailed verdicts, criteria and measurements are in its "
+                  "section).", "",
+                  "| claim | " + " | ".join(f"[`{s.model}`](#{s.anchor})" for s in sections)
+                  + " |", "|---|" + "---|" * len(sections)]
+        by_model = [{r["claim"]: r["verdict"] for r in verdict_rows(s.result)} for s in sections]
+        lines += [f"| {_cell(c)} | " + " | ".join(_cell(v.get(c, "-")) for v in by_model) + " |"
+                  for c in claims]
+        lines.append("")
+    for s in sections:
+        lines += [f"## `{s.model}` {{ #{s.anchor} }}", ""]
+        lines += _body_lines(f, s.result, s.summary_md, s.figures, s.model, s.assets,
+                             s.result_file, 3)
+    lines += ["## How it was made", "", "Every section comes from one atlas run:", "",
+              "```bash", made_by, "```", ""]
     return "\n".join(lines)
 
 
 def index_page(entries: list[tuple[Finding, list[dict[str, str]], str | None]]) -> str:
-    """The findings overview: one row per finding with its first verdicts."""
+    """The findings overview: one row per finding with its first verdicts (``model``: the
+    models' Markdown, None for a finding that trains its own)."""
     lines = ["# Findings", "",
              "One page per finding, each opening with what it tests and its key figure, then "
              "its verdicts; and a [cross-model page](cross-model.md) (models x first-token "
              "variants).", "",
              "Table: the findings and their first verdicts.", "",
-             "| finding | model | verdicts |", "|---|---|---|"]
+             "| finding | models | verdicts (the first model's) |", "|---|---|---|"]
     for f, rows, model in entries:
         verdicts = "; ".join(f"{r['claim']}: {r['verdict']}" for r in rows[:3]) or "-"
-        lines.append(f"| [{f.title}]({f.slug}.md) | {f'`{model}`' if model else 'trained here'}"
-                     f" | {_cell(verdicts)} |")
+        lines.append(f"| [{f.title}]({f.slug}.md) | {model or 'trained here'} | "
+                     f"{_cell(verdicts)} |")
     return "\n".join(lines) + "\n"
 
 

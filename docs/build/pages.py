@@ -15,7 +15,7 @@ from typing import Any
 from docs.build.cache import Cache, slug
 from docs.build.notebooks import notebook_markdown
 from docs.build.plan import DOCS, ROOT, Plan
-from docs.build.tables import helpers
+from docs.build.tables import caption_tables, helpers
 from mechsink.errors import MissingDependencyError
 from mechsink.io import atomic_write_json, atomic_write_text
 
@@ -32,6 +32,19 @@ class Site:
     notebooks: dict[str, Path]
     cache: Cache | None = None  # figures are cached too when given
     findings: dict[str, dict[str, Any]] | None = None  # name -> {folder, model, settings}
+    atlas: Any = None  # a committed atlas (docs.build.results.CommittedAtlas) or None
+
+    def committed_pages(self) -> set[str]:
+        """The pages drawn from committed real-model results (no quick-build banner)."""
+        if self.atlas is None:
+            return set()
+        from docs.build.atlas_pages import step_rows
+        from docs.build.findings import BY_NAME
+        from docs.build.results import ATLAS_STEPS
+
+        return {"index.md", "findings/cross-model.md",
+                *(f"findings/{BY_NAME[s].slug}.md" for s in ATLAS_STEPS
+                  if step_rows(self.atlas, s))}
 
 
 def _copy_sources(dst: Path) -> list[Path]:
@@ -117,6 +130,69 @@ def write_notebook_pages(site: Site, src: Path) -> None:
         shutil.copy2(folder / "executed.ipynb", src / "notebooks" / f"{name}.executed.ipynb")
 
 
+def figure_code(name: str) -> str:
+    """sha256 of what draws an experiment's figure: its module and every mechsink/viz file."""
+    module = importlib.import_module(f"mechsink.experiments.{name}")
+    files = [Path(module.__file__), *sorted((ROOT / "mechsink" / "viz").glob("*.py"))]
+    return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+
+def draw_result(site: Site, name: str, folder: Path, tag: str, dest: Path) -> list[str]:
+    """Copy experiment ``name``'s result JSON from ``folder`` into ``dest`` and draw its figure
+    there from that JSON (cached per result and figure code); the figure names."""
+    from mechsink.experiments.result import ExperimentResult
+
+    module = importlib.import_module(f"mechsink.experiments.{name}")
+    result_file = getattr(module, "RESULT_FILE", "result.json")
+    figure = getattr(module, "FIGURE", None)
+    dest.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(folder / result_file, dest / result_file)
+    if not figure:
+        return []
+
+    def produce(out: Path) -> None:
+        ExperimentResult.load(folder, name).figure(out / figure)
+
+    if site.cache is None:
+        produce(dest)
+    else:
+        key = {"result": hashlib.sha256((folder / result_file).read_bytes()).hexdigest(),
+               "code": figure_code(name)}
+        drawn = site.cache.get(f"figure-{name}", tag, key, produce)
+        for f in drawn.glob("*.png"):
+            shutil.copy2(f, dest / f.name)
+    return [figure] if (dest / figure).is_file() else []
+
+
+def write_atlas_findings(site: Site, src: Path) -> list[tuple[Any, list[dict[str, str]], str]]:
+    """The finding pages the committed atlas feeds (a section per model); (finding, verdict
+    rows of its first model, models) per page written."""
+    from docs.build.atlas_pages import absent_rows, anchor, provenance, step_rows
+    from docs.build.findings import BY_NAME, Section, multi_model_page, verdict_rows
+    from docs.build.results import ATLAS_STEPS
+
+    atlas, out = site.atlas, []
+    for step in ATLAS_STEPS:
+        rows = step_rows(atlas, step)
+        if not rows:
+            continue
+        f, sections = BY_NAME[step], []
+        for row, folder in rows:
+            dest = src / "assets" / "results" / atlas.name / row["folder"] / step
+            figures = draw_result(site, step, folder, f"atlas-{row['model']}", dest)
+            result = json.loads((folder / "result.json").read_text("utf-8"))
+            module = importlib.import_module(f"mechsink.experiments.{step}")
+            sections.append(Section(row["model"], anchor(row["model"]), result,
+                                    module.summary(result), figures,
+                                    f"../assets/results/{atlas.name}/{row['folder']}/{step}"))
+        page = multi_model_page(f, sections, atlas.entry.get("command") or "-",
+                                provenance(atlas), absent_rows(atlas, step))
+        atomic_write_text(src / "findings" / f"{f.slug}.md", page)
+        out.append((f, verdict_rows(sections[0].result),
+                    ", ".join(f"`{s.model}`" for s in sections)))
+    return out
+
+
 def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
     """A page per finding and the cross-model page (docs/build/findings.py); (title, path)."""
     from docs.build.findings import (
@@ -131,7 +207,13 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
     folder = src / "findings"
     folder.mkdir(parents=True, exist_ok=True)
     nav, entries = [], []
+    from_atlas = {f.name: (f, rows, models) for f, rows, models in (
+        write_atlas_findings(site, src) if site.atlas is not None else [])}
     for f in FINDINGS:
+        if f.name in from_atlas:
+            nav.append((f.title, f"findings/{f.slug}.md"))
+            entries.append(from_atlas[f.name])
+            continue
         got = (site.findings or {}).get(f.name)
         if got is None:
             continue
@@ -139,24 +221,32 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
         result_file = getattr(module, "RESULT_FILE", "result.json")
         result = json.loads((got["folder"] / result_file).read_text("utf-8"))
         assets = src / "assets" / "findings" / f.name
-        assets.mkdir(parents=True, exist_ok=True)
-        key = getattr(module, "FIGURE", None)
-        figures = sorted((p.name for p in got["folder"].glob("*.png")),
-                         key=lambda n: (n != key, n))
-        for name in [*figures, result_file]:
-            shutil.copy2(got["folder"] / name, assets / name)
+        figures = draw_result(site, f.name, got["folder"], got["model"] or "trained", assets)
         page = finding_page(f, result, (got["folder"] / "summary.md").read_text("utf-8"),
                             figures, got["model"], got["settings"],
                             f"../assets/findings/{f.name}", result_file)
         atomic_write_text(folder / f"{f.slug}.md", page)
         nav.append((f.title, f"findings/{f.slug}.md"))
-        entries.append((f, verdict_rows(result), got["model"]))
+        entries.append((f, verdict_rows(result), f"`{got['model']}`" if got["model"] else None))
     if not entries:
         return []
-    flagged = {m: flagged_runs(g) for m, g in site.gallery.items()}
-    atomic_write_text(folder / "cross-model.md", cross_model_page(site.census, flagged=flagged))
+    if site.atlas is not None:
+        from docs.build.atlas_pages import cross_model_section
+
+        shutil.copy2(site.atlas.root / "atlas.json", _mkdir(src / "assets" / "results"
+                                                             / site.atlas.name) / "atlas.json")
+        atomic_write_text(folder / "cross-model.md", cross_model_section(site.atlas))
+    else:
+        flagged = {m: flagged_runs(g) for m, g in site.gallery.items()}
+        atomic_write_text(folder / "cross-model.md",
+                          cross_model_page(site.census, flagged=flagged))
     atomic_write_text(folder / "index.md", index_page(entries))
     return [*nav, ("Across models: the first token", "findings/cross-model.md")]
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -181,7 +271,8 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
         "gallery_models": list(site.census), "notebooks": list(site.notebooks),
         "main_attention": gallery_blocks(site.gallery[main], prefix="cvmain")
         if main in site.gallery else "",
-        **helpers(),
+        "atlas_home": home_atlas(site), "atlas_committed": site.atlas is not None,
+        "atlas_evidence": atlas_evidence(site), **helpers(),
     }
     for page in pages:
         depth = len(page.relative_to(src).parts) - 1
@@ -195,9 +286,16 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
     findings = write_findings(site, src)
     if site.notebooks:
         write_notebook_pages(site, src)
+    for page in sorted(src.rglob("*.md")):  # every table gets its caption
+        if page.relative_to(src).parts[0] != "api":
+            text = page.read_text(encoding="utf-8")
+            if (captioned := caption_tables(text)) != text:
+                atomic_write_text(page, captioned)
     if site.plan.name == "quick":
+        committed = site.committed_pages()
         for page in sorted(src.rglob("*.md")):
-            if page.relative_to(src).parts[0] not in NO_BANNER:
+            rel = page.relative_to(src)
+            if rel.parts[0] not in NO_BANNER and rel.as_posix() not in committed:
                 atomic_write_text(page, with_banner(page.read_text(encoding="utf-8"), site.plan))
     return gallery, findings
 
@@ -205,14 +303,36 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
 NO_BANNER = ("api", "census-schema.md")  # pages that show no result
 
 
+def home_atlas(site: Site) -> str:
+    """The home page's atlas section (docs/build/atlas_pages.py), or what to run to get one."""
+    if site.atlas is not None:
+        from docs.build.atlas_pages import home_section
+
+        return home_section(site.atlas)
+    return ("*No atlas is committed yet (`docs/results/`), so this page has no atlas table: "
+            "import a finished one with `python -m docs.build --import-results atlas FOLDER` "
+            "(see `docs/results/README.md`).*\n")
+
+
+def atlas_evidence(site: Site) -> str:
+    """The home page's cell-by-cell evidence of the committed atlas ('' without one)."""
+    if site.atlas is None:
+        return ""
+    from docs.build.atlas_pages import evidence_section
+
+    return evidence_section(site.atlas)
+
+
 def quick_banner(plan: Plan) -> str:
-    """The admonition every result page of a quick build opens with."""
+    """The admonition every result page of a quick build opens with (all but the pages drawn
+    from committed real-model results)."""
     models = ", ".join(f"`{m}`" for m in plan.scans)
     return (f'!!! warning quick-build "Quick build: tiny untrained models"\n'
-            f"    This site was built with `MECHSINK_DOCS_QUICK=1`: the numbers, figures and "
-            f"tables on this page come from {models} (random-init or tiny toy models) with a few "
-            f"short prompts. They show what the page looks like, not what trained models do; "
-            f"`make docs` builds it from the real models.\n\n")
+            f"    The numbers, figures and tables on this page come from {models} (random-init "
+            f"or tiny toy models) with a few short prompts: no real-model result of this page "
+            f"is committed under `docs/results/`. They show what the page looks like, not what "
+            f"trained models do; `python -m docs.build --full` computes it on the real models "
+            f"(hours).\n\n")
 
 
 def with_banner(text: str, plan: Plan) -> str:

@@ -17,6 +17,10 @@ GALLERY_SEQ_LEN = 32
 NOTEBOOKS = ("sink_census_walkthrough", "patching_walkthrough", "researcher_tour")
 SNIPPETS = ("quickstart", "activation_patching", "path_patching", "interventions")
 CIRCUITS = ("structural_origin", "p0_sink")  # experiments of mechsink.experiments
+#: the settings of the site's atlas (committed under docs/results/atlas, see docs.build.results):
+#: a committed atlas made with other settings is refused, not shown
+ATLAS = {"models": ["smollm2-135m", "gemma3-270m", "qwen2.5-0.5b", "organism:bb-gpt2-tiny",
+                    "random:llama-mini"], "n": 4, "seq_len": 32, "seed": 0, "eps": DEFAULT_EPS}
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class Plan:
     # finding page -> run()'s settings; "model": the model (default: main; None: the experiment
     # trains its own); a "run_dir" of "@EXPERIMENT:PATH" is PATH inside that finding's result
     findings: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # the settings the site's committed atlas must have been made with (docs.build.results)
+    atlas: dict[str, Any] = field(default_factory=lambda: dict(ATLAS))
 
 
 SCAN_DEFAULTS = {"n": 32, "seq_len": 64, "eps": DEFAULT_EPS, "seed": 0, "batch_size": 8}
@@ -46,6 +52,7 @@ FULL = Plan(
     {"sink_census_walkthrough": {"N": 8, "SEQ_LEN": 64},
      "researcher_tour": {"N": 8, "SEQ_LEN": 32}},
     {"p0_edges": {}, "gpt2_query_bias": {"model": "organism:bb-gpt2-tiny"},
+     "query_bias_dose": {"model": "qwen2.5-0.5b"},
      "headwise_rmsnorm": {"model": None},
      "sink_timeline": {"model": None, "run_dir": "@headwise_rmsnorm:runs/bb-gpt2-tiny-seed0"},
      "seedprint": {"model": None}, "sink_free": {"model": None}},
@@ -61,6 +68,7 @@ QUICK = Plan(
      "researcher_tour": {"N": 4, "SEQ_LEN": 16}},
     {"p0_edges": {"n": 2, "seq_len": 16, "steps": 2, "verify": 4, "n_random": 1},
      "gpt2_query_bias": {"model": "organism:bb-gpt2-tiny", "n": 4, "seq_len": 16},
+     "query_bias_dose": {"model": "organism:bb-gpt2-tiny", "n": 2, "seq_len": 16},
      "headwise_rmsnorm": {"model": None, "seeds": [0], "steps": 16},
      "sink_timeline": {"model": None, "run_dir": "@headwise_rmsnorm:runs/bb-gpt2-tiny-seed0",
                        "n": 8},

@@ -9,10 +9,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from docs.build.cache import Cache, Models, log
 from docs.build.pages import Site, render_pages
-from docs.build.plan import CIRCUITS, CONFIG, DOCS, FULL, NOTEBOOKS, ROOT, SNIPPETS, Plan
+from docs.build.plan import CIRCUITS, CONFIG, DOCS, NOTEBOOKS, QUICK, ROOT, SNIPPETS, Plan
+from docs.build.results import RESULTS, load_atlas, rerun_atlas
 from docs.build.runners import (
     run_circuit,
     run_finding,
@@ -25,8 +27,9 @@ from docs.build.tables import summary_body
 from mechsink.io import atomic_write_text
 
 
-def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
-    """Run (or reuse) every experiment of ``plan``."""
+def collect(plan: Plan, cache: Cache, notebooks: bool = True, atlas: Any = None) -> Site:
+    """Run (or reuse) every experiment of ``plan``; ``atlas``: the committed atlas
+    (:func:`docs.build.results.load_atlas`), whose pages need no run."""
     models = Models()
     census, gallery = {}, {}
     for model, settings in plan.scans.items():
@@ -41,7 +44,11 @@ def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
                           "figures": sorted(f.name for f in folder.glob("*.png"))}
     done = {name: c["folder"] for name, c in circuits.items()}
     findings = {}
+    from docs.build.atlas_pages import step_rows
+
     for name, settings in plan.findings.items():
+        if atlas is not None and step_rows(atlas, name):
+            continue  # the committed atlas feeds this page
         folder, model, used = run_finding(cache, models, name, settings, plan.main, done)
         done[name] = folder
         findings[name] = {"folder": folder, "model": model, "settings": used}
@@ -51,7 +58,7 @@ def collect(plan: Plan, cache: Cache, notebooks: bool = True) -> Site:
     snippets = {name: run_snippet(cache, name, plan.main) for name in SNIPPETS}
     nbs = ({name: run_notebook(cache, name, plan.main, plan.notebook_params.get(name, {}))
             for name in NOTEBOOKS} if notebooks else {})
-    return Site(plan, census, gallery, circuits, snippets, nbs, cache, findings)
+    return Site(plan, census, gallery, circuits, snippets, nbs, cache, findings, atlas)
 
 
 def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str, str]],
@@ -88,16 +95,30 @@ def write_config(work: Path, src: Path, site_dir: Path, gallery: list[tuple[str,
     return path
 
 
-def build(plan: Plan = FULL, *, site_dir: Path | None = None, cache_dir: Path | None = None,
+def build(plan: Plan = QUICK, *, site_dir: Path | None = None, cache_dir: Path | None = None,
           work_dir: Path | None = None, notebooks: bool = True,
-          rerun: tuple[str, ...] = ()) -> Path:
-    """Run the experiments (cached; ``rerun``: kinds to redo anyway, e.g. ``circuit-*``),
-    render the pages and build the site; returns site_dir."""
+          rerun: tuple[str, ...] = (), results: Path | None = RESULTS) -> Path:
+    """Read the committed results (``results``: docs/results; None: none), run the other
+    experiments (cached; ``rerun``: kinds to redo anyway, e.g. ``circuit-*``; ``atlas`` reruns
+    the committed atlas on the real models and imports it), render the pages and build the
+    site; returns site_dir."""
     start = time.perf_counter()
     site_dir = Path(site_dir or DOCS / "_site").resolve()
     cache = Cache(Path(cache_dir or DOCS / "_cache").resolve(), rerun=rerun)
     work = Path(work_dir or DOCS / "_build").resolve()
-    site = collect(plan, cache, notebooks=notebooks)
+    atlas = None
+    if results is not None:
+        if "atlas" in rerun:
+            log(f"rerunning the atlas on {', '.join(plan.atlas['models'])} (real models: "
+                f"hours; resumable in {cache.root / 'atlas-rerun'}) ...")
+            rerun_atlas(plan.atlas, cache.root / "atlas-rerun", root=Path(results))
+        atlas = load_atlas(plan.atlas, root=Path(results))
+        if atlas is not None:
+            log(f"committed atlas: {len(atlas.data['models'])} models, made "
+                f"{atlas.entry.get('made')} by `{atlas.entry.get('command')}`")
+            for note in atlas.notes:
+                log(note)
+    site = collect(plan, cache, notebooks=notebooks, atlas=atlas)
     t_exp = time.perf_counter() - start
     src = work / "src"
     shutil.rmtree(src, ignore_errors=True)

@@ -171,3 +171,58 @@ def helpers() -> dict[str, Any]:
             "norm_ratio_table": norm_ratio_table, "variance_table": variance_table,
             "settings_line": settings_line, "slug": slug, "path_table": path_table,
             "cli_options": cli_options}
+
+
+_BLOCK_START = ("#", "-", "*", "+", ">", "```", "!!!", "???", "<", "![")
+
+
+def caption_tables(md: str) -> str:
+    """Give every Markdown table of ``md`` a caption line ("Table: ..."): a table right after
+    a paragraph takes that paragraph (which says what the table holds) as its caption, marked;
+    one after a heading gets "Table: <the heading>."; one after another table or nothing,
+    "Table: columns <its column names>.".
+    Indented tables (in admonitions and folds) keep their indentation."""
+    lines = md.split("\n")
+    out: list[str] = []
+    fenced = False
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+        is_head = (not fenced and stripped.startswith("|") and i + 1 < len(lines)
+                   and re.fullmatch(r"\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?",
+                                    lines[i + 1].strip()) is not None
+                   and not (out and out[-1].strip().startswith("|")))
+        if is_head:
+            _caption(out, line[: len(line) - len(line.lstrip())], line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def _caption(out: list[str], indent: str, header: str) -> None:
+    """Mark or add the caption of a table (``header``: its first row) about to be appended to
+    ``out``."""
+    cells = [c.strip() for c in header.strip().strip("|").split("|")]
+    columns = ", ".join(f"*{c}*" for c in cells if c) + "."
+    j = len(out) - 1
+    while j >= 0 and not out[j].strip():
+        j -= 1
+    prev = out[j].strip() if j >= 0 else ""
+    if prev and not prev.startswith((*_BLOCK_START, "|")) and j >= 0:
+        start = j  # the first line of that paragraph
+        while start > 0 and out[start - 1].strip() and not out[start - 1].strip().startswith(
+                _BLOCK_START) and not out[start - 1].strip().startswith("|"):
+            start -= 1
+        first = out[start]
+        if first.strip().lstrip("*_").startswith("Table"):
+            return
+        lead = first[: len(first) - len(first.lstrip())]
+        out[start] = f"{lead}Table: {first.lstrip()}"
+        if j == len(out) - 1:
+            out.append("")
+        return
+    title = prev.lstrip("#").strip() if prev.startswith("#") else ""
+    title = re.sub(r"\s*\{[^}]*\}\s*$", "", title)  # an attribute list ({ #id })
+    if out and out[-1].strip():
+        out.append("")
+    out += [f"{indent}Table: {title.rstrip('.') + '.' if title else 'columns ' + columns}", ""]

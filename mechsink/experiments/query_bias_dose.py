@@ -143,28 +143,8 @@ def summary(data: dict[str, Any]) -> str:
 
 
 def figure(data: dict[str, Any], path: Path) -> Path | None:
-    """One panel per part: the sink heads' score at key 0 against the dose, with its band."""
-    if not data.get("curves"):
-        return None
-    import matplotlib.pyplot as plt
+    """One panel per part: the sink heads' score at key 0 against the dose, with its band
+    (drawn by :func:`mechsink.viz.experiments.plot_query_bias_dose`, at page width)."""
+    from mechsink.viz.experiments import plot_query_bias_dose
 
-    from mechsink.viz.style import PALETTE, save, styled
-
-    with styled():
-        names = list(data["curves"])
-        fig, axes = plt.subplots(1, len(names), figsize=(3.4 * len(names), 3.4), squeeze=False,
-                                 sharey=True, layout="constrained")
-        for ax, name, color in zip(axes[0], names, PALETTE, strict=False):
-            rows = [r for r in data["curves"][name]["rows"] if r["late_sink_score"]]
-            x = [r["dose"] for r in rows]
-            s = [r["late_sink_score"] for r in rows]
-            ax.plot(x, [v["mean"] for v in s], marker="o", color=color)
-            ax.fill_between(x, [v["low"] for v in s], [v["high"] for v in s], color=color,
-                            alpha=0.25)
-            ax.axvline(1.0, color="0.6", lw=0.8, ls=":")
-            ax.set(title=name, xlabel="dose (0 = removed, 1 = clean)", ylim=(0, 1))
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("sink heads' score at key 0")
-        fig.suptitle(f"{data['model']}: query-bias circuit, dose-response "
-                     f"({LEVEL:.0%} intervals over prompts)")
-        return save(fig, path)
+    return plot_query_bias_dose(data, path, LEVEL)

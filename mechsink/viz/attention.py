@@ -41,6 +41,26 @@ def circuitsvis_js() -> str:
     return js.replace("</script", "<\\/script")
 
 
+#: the colour circuitsvis draws an attention weight of 1 in (0 is white); given to every view so
+#: the colour legend beside it is exact
+POSITIVE_COLOUR = "#0072B2"
+MASKED_COLOUR = "rgb(200,200,200)"  # circuitsvis's colour for the masked upper triangle
+SCALE = {"maxValue": 1, "minValue": -1, "positiveColor": POSITIVE_COLOUR}
+
+
+def colour_legend() -> str:
+    """An HTML colour legend for circuitsvis attention views drawn with :data:`SCALE`: white
+    (weight 0) to :data:`POSITIVE_COLOUR` (weight 1), and the grey of masked (later) keys.
+    Inline styles only, so it reads the same in a notebook and on a page."""
+    swatch = "display:inline-block;height:0.9em;vertical-align:middle;border:1px solid #999;"
+    return ('<div class="mechsink-cv-legend" style="font-size:0.8rem;margin:0.3em 0">'
+            "colour = attention weight of the query (row) on the key (column): "
+            f'0 <span style="{swatch}width:9em;background:linear-gradient(to right,#ffffff,'
+            f'{POSITIVE_COLOUR})"></span> 1 &nbsp; '
+            f'<span style="{swatch}width:0.9em;background:{MASKED_COLOUR}"></span> '
+            "masked (a key after the query)</div>")
+
+
 def full_pattern(lower: Sequence[Sequence[float | None]]) -> list[list[float]]:
     """A square causal pattern from its stored lower-triangular rows (row i: keys 0..i)."""
     t = len(lower)
@@ -54,9 +74,11 @@ def attention_page(data: Mapping[str, Any]) -> str:
         ex = run["attention_example"]
         names = [f"L{h['layer']}H{h['head']} (sink {h['sink_score']:.2f})" for h in ex["heads"]]
         props = {"attention": [full_pattern(h["pattern"]) for h in ex["heads"]],
-                 "tokens": ex["tokens"], "attentionHeadNames": names, "maskUpperTri": True}
+                 "tokens": ex["tokens"], "attentionHeadNames": names, "maskUpperTri": True,
+                 **SCALE}
         div = f"cv-{i}"
-        sections.append(f"<h2>{html.escape(run['name'])}</h2>\n<div id=\"{div}\"></div>")
+        sections.append(f"<h2>{html.escape(run['name'])}</h2>\n{colour_legend()}\n"
+                        f"<div id=\"{div}\"></div>")
         calls.append(f"CircuitsVis.render({json.dumps(div)}, CircuitsVis.AttentionHeads, "
                      f"{json.dumps(props)});")
     title = html.escape(f"{data['model']}: strongest sink heads")
@@ -141,12 +163,13 @@ class AttentionView:
     def props(self) -> dict[str, Any]:
         """What ``CircuitsVis.AttentionHeads`` is given."""
         return {"attention": self.patterns, "tokens": self.tokens,
-                "attentionHeadNames": self.head_names, "maskUpperTri": True}
+                "attentionHeadNames": self.head_names, "maskUpperTri": True, **SCALE}
 
     def _body(self, div: str, *, with_js: bool = True) -> str:
         title = f"<b>{html.escape(self.title)}</b>" if self.title else ""
         lib = f"<script>\n{circuitsvis_js()}\n</script>\n" if with_js else ""
-        return (f"<div>{title}<div id=\"{div}\"></div></div>\n{lib}<script>\n"
+        return (f"<div>{title}{colour_legend()}<div id=\"{div}\" class=\"mechsink-cv\"></div>"
+                f"</div>\n{lib}<script>\n"
                 + _render_when_loaded(div, _script_json(self.props())) + "\n</script>")
 
     def _repr_html_(self) -> str:

@@ -21,8 +21,9 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
                  max_edges: int = 200) -> Path:
     """Draw a circuit dict (:meth:`~mechsink.discover.circuit.Circuit.to_dict`) into ``path``."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    from mechsink.viz.style import save, styled
+    from mechsink.viz.style import MIN_FONT, PAGE_WIDTH, save, styled
 
     g = circuit["graph"]
     n_heads, n_layers = int(g["n_heads"]), max(1, int(g["n_layers"]))
@@ -31,8 +32,8 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
     scores = [abs(_num(e.get("score", 1.0), 0.0)) for e in edges] or [1.0]
     top = max(scores) or 1.0
     with styled():
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.0 + 0.7 * n_layers), max(3.0, 0.35 * n_heads
-                                                                          + 1.5)))
+        fig, ax = plt.subplots(figsize=(PAGE_WIDTH, max(3.0, 0.3 * n_heads + 1.8)),
+                               layout="constrained")
         used: set[str] = set()
         for e in edges:
             recv = e["receiver"]
@@ -58,18 +59,24 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
             ax.scatter([x], [y], s=28 if on else 8, color="#000000" if on else "#BBBBBB",
                        zorder=2)
             if on:
-                ax.annotate(name, (x, y), fontsize=6, xytext=(2, 3), textcoords="offset points")
+                ax.annotate(name, (x, y), fontsize=MIN_FONT, xytext=(2, 3),
+                            textcoords="offset points")
         ticks = [0] + [2 * lay + 1 for lay in range(n_layers)] + [2 * n_layers + 1]
         ax.set_xticks(ticks, ["embed"] + [f"L{lay}" for lay in range(n_layers)] + ["metric"],
-                      fontsize=6)
+                      fontsize=MIN_FONT, rotation=90 if n_layers > 8 else 0)
         ax.set_yticks(range(n_heads))
         ax.set_ylabel("head")
-        ax.legend(title="into", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+        handles, labels = ax.get_legend_handles_labels()
+        handles.append(Line2D([], [], color="#555555", lw=4.0))
+        labels.append(f"widest line: |score| {top:.3g} (width by |score|)")
+        handles.append(Line2D([], [], color="#555555", lw=1.0, ls="--"))
+        labels.append("dashed: negative score")
+        ax.legend(handles, labels, title="into", loc="upper center", frameon=False,
+                  bbox_to_anchor=(0.5, -0.12 if n_layers <= 8 else -0.2), ncol=4)
         faith = circuit.get("faithfulness")
         extra = "" if faith is None or (isinstance(faith, float) and math.isnan(faith)) \
             else f", faithfulness {faith:.2f}"
         ax.set_title(title or f"{circuit['n_edges']} edges ({circuit['how']}{extra})")
-        fig.tight_layout()
         return Path(save(fig, Path(path)))
 
 
@@ -78,7 +85,7 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
     its random baseline (mean +- one standard deviation)."""
     import matplotlib.pyplot as plt
 
-    from mechsink.viz.style import PALETTE, save, styled
+    from mechsink.viz.style import PAGE_WIDTH, PALETTE, save, styled
 
     # JSON writes undefined values as null: NaN here (a gap in the line)
     curves = [{**c, **{k: [_num(v) for v in c[k]] for k in ("values", "random_mean",
@@ -87,8 +94,8 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
     ablations = list(dict.fromkeys(c["ablation"] for c in curves))
     labels = list(dict.fromkeys(c["label"] for c in curves))
     with styled():
-        fig, axes = plt.subplots(1, len(ablations), figsize=(3.6 * len(ablations), 3.0),
-                                 squeeze=False)
+        fig, axes = plt.subplots(1, len(ablations), figsize=(PAGE_WIDTH, 3.6), squeeze=False,
+                                 layout="constrained")
         for ax, abl in zip(axes[0], ablations, strict=True):
             ax.set_title(abl)
             mine = [c for c in curves if c["ablation"] == abl]
@@ -110,11 +117,10 @@ def draw_curves(curves: list[dict[str, Any]], path: str | Path, *, title: str = 
             ax.axhline(0.0, color="#999999", linewidth=0.6)
             ax.set_xscale("log")
             ax.set_xlabel("edges kept (0 drawn at 0.5)")
-            ax.legend(loc="best")
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
         axes[0][0].set_ylabel("normalised metric")
         if title:
             fig.suptitle(title)
-        fig.tight_layout()
         return Path(save(fig, Path(path)))
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 
-from mechsink.viz.style import PALETTE, save, use_style
+from mechsink.viz.style import MIN_FONT, PAGE_WIDTH, PALETTE, save, use_style
 
 BLUE, ORANGE, GREEN, RED = PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[3]
 GRAY = "#999999"
@@ -31,7 +31,7 @@ def _smooth(values: list[float], width: int) -> np.ndarray:
 @use_style
 def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     """Loss curves (mean and min-max band over seeds) and sink rate per checkpoint, per arm."""
-    fig, (ax_loss, ax_sink) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (ax_loss, ax_sink) = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6), layout="constrained")
     for color, (arm, runs) in zip((BLUE, ORANGE), result["arms"].items(),
                                   strict=False):
         width = max(1, len(runs[0]["losses"]) // 50)
@@ -49,41 +49,53 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
     for ax in (ax_loss, ax_sink):
         ax.legend()
         ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return Path(save(fig, Path(path)))
 
 
 @use_style
 def plot_sink_free(result: dict[str, Any], path: str | Path, metrics: dict[str, str]) -> Path:
-    """One row per task, one panel per measurement (``metrics``: key in an arm's ``final`` ->
-    title): each seed a dot, the mean a bar; and the sink timeline (largest sink score over
-    checkpoints) of every arm, seed-averaged."""
+    """Per task, one panel per measurement (``metrics``: key in an arm's ``final`` -> title):
+    each seed a dot, the mean a bar; and the sink timeline (largest sink score over
+    checkpoints) of every arm, seed-averaged. Three panels a row, at page width."""
     tasks = result["tasks"]
-    cols = len(metrics) + 1
-    fig, axes = plt.subplots(len(tasks), cols, figsize=(3.2 * cols, 3.0 * len(tasks)),
-                             squeeze=False)
-    for row, (recipe, task) in enumerate(tasks.items()):
+    per_task = len(metrics) + 1
+    cols = min(3, per_task)
+    rows_per_task = -(-per_task // cols)
+    fig, axes = plt.subplots(rows_per_task * len(tasks), cols, squeeze=False,
+                             figsize=(PAGE_WIDTH, 2.6 * rows_per_task * len(tasks)),
+                             layout="constrained")
+    for t, (recipe, task) in enumerate(tasks.items()):
         names = list(task["arms"])
-        for col, (metric, title) in enumerate(metrics.items()):
-            ax = axes[row][col]
+        panels = [axes[t * rows_per_task + k // cols][k % cols] for k in range(per_task)]
+        for ax in [a for row in axes[t * rows_per_task:(t + 1) * rows_per_task] for a in row][
+                per_task:]:
+            ax.axis("off")
+        for ax, (metric, title) in zip(panels, metrics.items(), strict=False):
             for x, v in enumerate(names):
                 vals = [a["final"][metric] for a in task["arms"][v]]
                 ax.bar(x, statistics.fmean(vals), color="0.8")
                 ax.scatter([x] * len(vals), vals, s=10, color="k", zorder=3)
-            ax.set_xticks(range(len(names)), names, rotation=60, fontsize=7)
-            ax.set_title(f"{title}\n{recipe}", fontsize=8)
+            ax.set_xticks(range(len(names)), names, rotation=60, fontsize=MIN_FONT)
+            ax.set_title(f"{title}\n{recipe}", fontsize=MIN_FONT)
             if metric in ("max_abs_resid", "first_token_norm_ratio"):
                 ax.set_yscale("log")
-        ax = axes[row][-1]
-        for v in names:
+        ax = panels[-1]
+        for v, style in zip(names, _styles(len(names)), strict=True):
             runs = task["arms"][v]
             steps = [p["step"] for p in runs[0]["timeline"]]
             mean = [statistics.fmean(r["timeline"][i]["max_sink_score"] for r in runs)
                     for i in range(len(steps))]
-            ax.plot([max(s, 1) for s in steps], mean, label=v, marker=".")
+            ax.plot([max(s, 1) for s in steps], mean, label=v, **style)
         ax.set_xscale("log")
-        ax.set_title(f"largest sink score over training\n{recipe}", fontsize=8)
-        ax.legend(fontsize=6)
-    return _save(fig, path)
+        ax.set_title(f"largest sink score over training\n{recipe}", fontsize=MIN_FONT)
+        ax.legend(fontsize=MIN_FONT)
+    return Path(save(fig, Path(path)))
+
+
+def _styles(n: int) -> list[dict[str, Any]]:
+    from mechsink.viz.style import line_styles
+
+    return [{**s, "ms": 3} for s in line_styles(n)]
 
 
 @use_style
@@ -91,16 +103,19 @@ def plot_ablations(result: dict[str, Any], path: str | Path) -> Path:
     """Sink score of each sink head: baseline and after each ablation (grouped bars)."""
     heads = result["sink_heads"]
     arms = ["baseline", *result["ablations"]]
-    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(heads), 3.8))
+    fig, ax = plt.subplots(figsize=(min(PAGE_WIDTH, 2.6 + 1.4 * len(heads)), 3.8))
     width = 0.8 / len(arms)
+    colors = [PALETTE[k % len(PALETTE)] for k in range(len(arms))]
+    hatches = ["" if k < len(PALETTE) else "//" for k in range(len(arms))]
     for k, arm in enumerate(arms):
         values = [h["sink_score"] if arm == "baseline" else result["ablations"][arm]["per_head"][i]
                   for i, h in enumerate(heads)]
-        ax.bar(np.arange(len(heads)) + k * width, values, width, label=arm)
+        ax.bar(np.arange(len(heads)) + k * width, values, width, label=arm, color=colors[k],
+               hatch=hatches[k])
     ax.set_xticks(np.arange(len(heads)) + 0.4 - width / 2,
                   [f"L{h['layer']}H{h['head']}" for h in heads])
     ax.set(ylabel="sink score (key 0, queries i > 0)", title=result["model"], ylim=(0, 1))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=MIN_FONT, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     ax.grid(axis="y", alpha=0.3)
     return _save(fig, path)
 
@@ -114,19 +129,14 @@ def plot_timeline(timeline: dict[str, Any], path: str | Path) -> Path:
               ("first_token_norm_ratio", "first-token norm ratio (max over layers)"),
               ("max_abs_resid", "largest |residual| value"),
               ("loss", "training loss")]
-    fig, axes = plt.subplots(1, 4, figsize=(15, 3.4))
-    for ax, (key, label) in zip(axes, panels, strict=True):
+    fig, axes = plt.subplots(2, 2, figsize=(PAGE_WIDTH, 5.6), layout="constrained")
+    for ax, (key, label) in zip(axes.flat, panels, strict=True):
         ax.plot(steps, [p[key] for p in pts], marker="o")
         ax.set(xscale="log", xlabel="step", title=label)
         ax.grid(alpha=0.3)
     fig.suptitle(timeline.get("run", ""))
-    return _save(fig, path)
+    return Path(save(fig, Path(path)))
 
-
-#: the smallest font of the experiment figures, in points at their saved size (they are drawn
-#: at page width, about 7.5 inches, so this is what a reader sees)
-MIN_FONT = 8
-PAGE_WIDTH = 7.5
 
 
 def _values(rows: list[dict[str, Any]], key: str) -> list[dict | None]:
@@ -322,7 +332,7 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8,
              color=[RED if n["name"] in members else GRAY for n in biggest])
     ax_b.set_ylabel(f"{channel}: clean - patched\n(via {mlp})", fontsize=MIN_FONT)
     ax_b.set_title(f"the {len(biggest)} largest of {len(nodes)} path effects into the channel "
-                   "(red: minimal circuit)", fontsize=MIN_FONT + 1)
+                   "(vermillion: the minimal circuit)", fontsize=MIN_FONT + 1)
     ax_b.set_xticks(x, [_label(n["name"]) for n in biggest], rotation=90, fontsize=MIN_FONT)
     ax_b.tick_params(labelsize=MIN_FONT)
     ax_b.axhline(0, color="black", lw=0.6)
@@ -341,3 +351,42 @@ def _label(name: str, n: int = 18) -> str:
 
 def _peak(nodes: list[dict[str, Any]], key: str) -> float:
     return max((abs(n[key] or 0.0) for n in nodes), default=0.0) or 1.0
+
+
+@use_style
+def plot_query_bias_dose(data: dict[str, Any], path: str | Path, level: float = 0.95
+                         ) -> Path | None:
+    """The query-bias circuit dosed (``query_bias_dose``'s result): one panel per part (b_Q,
+    b_Q . k_0 only, the layer-0 MLP at position 0, W_K's structure), two a row at page width:
+    the sink heads' score at key 0 against the dose with its ``level`` interval over prompts,
+    the clean dose (1) dotted and the verdict's threshold (half the clean score) dashed."""
+    curves = data.get("curves") or {}
+    if not curves:
+        return None
+    names = list(curves)
+    cols = min(2, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(PAGE_WIDTH, 2.9 * rows + 0.6), squeeze=False,
+                             sharey=True, layout="constrained")
+    for ax in axes.flat[len(names):]:
+        ax.axis("off")
+    for ax, name, color in zip(axes.flat, names, PALETTE, strict=False):
+        pts = [r for r in curves[name]["rows"] if r["late_sink_score"]]
+        x = [r["dose"] for r in pts]
+        s = [r["late_sink_score"] for r in pts]
+        ax.plot(x, [v["mean"] for v in s], marker="o", ms=3, color=color)
+        ax.fill_between(x, [v["low"] for v in s], [v["high"] for v in s], color=color,
+                        alpha=0.25, lw=0)
+        ax.axvline(1.0, color=GRAY, lw=0.8, ls=":")
+        clean = next((r["late_sink_score"] for r in pts if r["dose"] == 1.0), None)
+        if clean is not None:
+            ax.axhline(clean["mean"] / 2, color=GRAY, lw=0.8, ls="--")
+        verdict = (data.get("verdicts") or {}).get(name, {}).get("verdict", "")
+        ax.set_title(f"{name}: {verdict}" if verdict else name, fontsize=MIN_FONT + 1)
+        ax.set(xlabel="dose (0 = removed, 1 = clean)", ylim=(0, 1))
+        ax.grid(alpha=0.3)
+    for row in axes:
+        row[0].set_ylabel("sink heads' score at key 0")
+    fig.suptitle(f"{data['model']}: query-bias circuit, dose-response ({level:.0%} intervals "
+                 "over prompts; dashed: half the clean score)")
+    return Path(save(fig, Path(path)))

@@ -16,7 +16,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from mechsink.viz.style import SCORE_CMAP, save, use_style
+from mechsink.viz.style import MIN_FONT, PAGE_WIDTH, PALETTE, SCORE_CMAP, save, use_style
+
+SUITE_DASHES = ("-", "--", ":", "-.")
+SUITE_MARKERS = ("o", "s", "^", "D")
 
 
 def _grid(runs: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -46,22 +49,37 @@ def _nan(values: list) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
+def run_style(runs: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    """A distinct line style per census run: the colour says the first-token variant, the dash
+    and marker the suite (nine runs never share a colour and a dash)."""
+    suites, variants = _grid(runs)
+    i, j = suites.index(run["suite"]), variants.index(run["variant"])
+    return {"color": PALETTE[j % len(PALETTE)], "ls": SUITE_DASHES[i % len(SUITE_DASHES)],
+            "marker": SUITE_MARKERS[i % len(SUITE_MARKERS)], "ms": 3}
+
+
+def _layer_axis(ax: Any, axis: str = "x") -> None:
+    """Whole-number ticks on a layer (or position) axis."""
+    getattr(ax, f"{axis}axis").set_major_locator(MaxNLocator(integer=True))
+
+
 @use_style
 def sink_heatmaps(data: Mapping[str, Any], path: Path) -> Path:
     """Gu's sink score (key position 0), layer x head, one panel per suite x variant."""
     runs = data["runs"]
     suites, variants = _grid(runs)
     fig, axes = plt.subplots(len(suites), len(variants), squeeze=False, layout="constrained",
-                             figsize=(3.2 * len(variants) + 1, 3.4 * len(suites)))
+                             figsize=(PAGE_WIDTH, 2.3 * len(suites) + 0.5))
     image = None
     for ax, s, v, run in _panels(runs, axes):
         scores = np.array([_nan(row) for row in run["sink_score"]])
         image = ax.imshow(scores, aspect="auto", vmin=0, vmax=1, cmap=SCORE_CMAP,
                           origin="lower", interpolation="nearest")
-        ax.set_title(f"{s}/{v}: rate {run['sink_rate']:.2f}", fontsize=9)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+        ax.set_title(f"{s}/{v}: rate {run['sink_rate']:.2f}", fontsize=MIN_FONT)
+        _layer_axis(ax, "x")
+        _layer_axis(ax, "y")
+        ax.set_xlabel("head", fontsize=MIN_FONT)
+        ax.set_ylabel("layer", fontsize=MIN_FONT)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.8, label="sink score (Gu, key 0)")
     fig.suptitle(f"{data['model']}: sink score per layer and head")
@@ -74,60 +92,64 @@ def magnitudes(data: Mapping[str, Any], path: Path) -> Path:
     runs = data["runs"]
     suites, variants = _grid(runs)
     fig, axes = plt.subplots(len(suites), len(variants), squeeze=False, sharey=True,
-                             figsize=(3.4 * len(variants), 2.8 * len(suites)))
+                             layout="constrained", figsize=(PAGE_WIDTH, 2.1 * len(suites) + 0.9))
     for ax, s, v, run in _panels(runs, axes):
         mags = run["layer_magnitudes"]
-        for key in ("top1", "top2", "top3", "median"):
+        for key, color in zip(("top1", "top2", "top3", "median"), PALETTE, strict=False):
             if mags.get(key) is not None:
-                ax.plot(_nan(mags[key]), marker=".", label=key)
+                ax.plot(_nan(mags[key]), marker=".", color=color, label=key)
         ax.set_yscale("log")
-        ax.set_title(f"{s}/{v}", fontsize=9)
-        ax.set_xlabel("layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{s}/{v}", fontsize=MIN_FONT)
+        ax.set_xlabel("layer", fontsize=MIN_FONT)
+        _layer_axis(ax)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("|residual| (hook_resid_post)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{data['model']}: largest and median activation magnitudes per layer")
-    fig.tight_layout()
+    axes[0][0].set_ylabel("|residual|", fontsize=MIN_FONT)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False)
+    fig.suptitle(f"{data['model']}: largest and median |hook_resid_post| per layer")
     return save(fig, path)
 
 
 @use_style
 def norm_ratios(data: Mapping[str, Any], path: Path) -> Path:
     """First-token norm ratio per layer, one line per suite x variant (log scale)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for run in data["runs"]:
-        ax.plot(_nan(run["first_token_norm_ratio"]), marker=".", label=run["name"])
+    fig, ax = plt.subplots(figsize=(PAGE_WIDTH, 4.2), layout="constrained")
+    runs = data["runs"]
+    for run in runs:
+        ax.plot(_nan(run["first_token_norm_ratio"]), label=run["name"], **run_style(runs, run))
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log")
     ax.set_xlabel("layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _layer_axis(ax)
     ax.set_ylabel("||x[l,0]|| / mean_{p>0} ||x[l,p]||")
     ax.set_title(f"{data['model']}: first-token norm ratio")
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.15), frameon=False,
+              title="colour: first token; dash and marker: input suite")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
     return save(fig, path)
 
 
 @use_style
 def mlp_spikes(data: Mapping[str, Any], path: Path) -> Path:
     """Largest |down-projection input| and |MLP output| per layer (Yu et al.'s spike plot)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
-    for run in data["runs"]:
-        axes[0].plot(_nan(run["mlp_spikes"]["max_abs_input"]), marker=".", label=run["name"])
-        axes[1].plot(_nan(run["mlp_spikes"]["max_abs_output"]), marker=".", label=run["name"])
-    for ax, what in zip(axes, ("down-projection input (mlp.hook_post)",
-                               "MLP output (hook_mlp_out)"), strict=True):
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 4.2), sharey=True, layout="constrained")
+    runs = data["runs"]
+    for run in runs:
+        style = run_style(runs, run)
+        axes[0].plot(_nan(run["mlp_spikes"]["max_abs_input"]), label=run["name"], **style)
+        axes[1].plot(_nan(run["mlp_spikes"]["max_abs_output"]), label=run["name"], **style)
+    for ax, what in zip(axes, ("down-projection input\n(mlp.hook_post)",
+                               "MLP output\n(hook_mlp_out)"), strict=True):
         ax.axhline(50, color="grey", lw=0.8, ls="--")
         ax.set_yscale("log")
         ax.set_xlabel("layer")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"max |{what}|", fontsize=9)
+        _layer_axis(ax)
+        ax.set_title(f"max |{what}|", fontsize=MIN_FONT)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, ncol=2)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=3, frameon=False,
+               title="colour: first token; dash and marker: input suite")
     fig.suptitle(f"{data['model']}: MLP spikes (threshold 50)")
-    fig.tight_layout()
     return save(fig, path)
 
 
@@ -135,7 +157,7 @@ def mlp_spikes(data: Mapping[str, Any], path: Path) -> Path:
 def sink_rates(data: Mapping[str, Any], path: Path) -> Path:
     """Sink rate (Gu's score and the i>0 version) per input suite x first-token variant."""
     runs = data["runs"]
-    fig, ax = plt.subplots(figsize=(max(4.5, 0.7 * len(runs) + 1.5), 3.2))
+    fig, ax = plt.subplots(figsize=(min(PAGE_WIDTH, max(4.5, 0.7 * len(runs) + 1.5)), 3.4))
     x = np.arange(len(runs))
     ax.bar(x - 0.2, [r["sink_rate"] for r in runs], 0.4, label="Gu (queries i >= 0)")
     ax.bar(x + 0.2, [r["sink_rate_no_self"] for r in runs], 0.4, label="queries i >= 1")
@@ -143,7 +165,7 @@ def sink_rates(data: Mapping[str, Any], path: Path) -> Path:
     ax.set_ylim(0, 1)
     ax.set_ylabel(f"sink rate (eps = {data['settings']['eps']})")
     ax.set_title(f"{data['model']}: fraction of heads with sink score > eps")
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.45), ncol=2, frameon=False)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     return save(fig, path)
@@ -166,32 +188,33 @@ def variance_profile(data: Mapping[str, Any], path: Path) -> Path:
     layer (measured vs the uniform-mixing prediction), and the profile over positions."""
     run = variance_run(data)
     vd = run["variance_discrepancy"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 4.0), layout="constrained")
     ax = axes[0]
-    ax.plot(_nan(vd["ratio"]), marker=".", label="measured Var(pos 0) / mean Var(pos > 0)")
-    ax.plot(_nan(vd["predicted_ratio"]), marker=".", ls="--",
+    ax.plot(_nan(vd["ratio"]), marker=".", color=PALETTE[0],
+            label="measured Var(pos 0) / mean Var(pos > 0)")
+    ax.plot(_nan(vd["predicted_ratio"]), marker=".", ls="--", color=PALETTE[1],
             label="uniform mixing: sum_j A[t,j]^2 ratio")
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_yscale("log")
     ax.set_xlabel("layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_title(f"{run['name']}: variance discrepancy per layer")
-    ax.legend()
+    _layer_axis(ax)
+    ax.set_title(f"{run['name']}:\nvariance discrepancy per layer")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
     ax.grid(alpha=0.3)
     ax = axes[1]
     variance = np.array([_nan(row) for row in vd["variance"]])
     n_layers = variance.shape[0]
-    for layer in sorted({0, n_layers // 2, n_layers - 1}):
+    for layer, color in zip(sorted({0, n_layers // 2, n_layers - 1}), PALETTE[2:], strict=False):
         row = variance[layer]
-        ax.plot(row / np.nanmean(row[1:]), label=f"layer {layer}")
+        ax.plot(row / np.nanmean(row[1:]), color=color, label=f"layer {layer}")
     ax.set_yscale("log")
     ax.set_xlabel("position")
+    _layer_axis(ax)
     ax.set_ylabel("Var(attn output) / mean over p > 0")
-    ax.set_title("variance over sequences, by position")
-    ax.legend()
+    ax.set_title("variance over sequences,\nby position")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False, ncol=3)
     ax.grid(alpha=0.3)
     fig.suptitle(f"{data['model']}: attention-output variance (n = {run['n']} sequences)")
-    fig.tight_layout()
     return save(fig, path)
 
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mechsink.viz.attention import full_pattern
+from mechsink.viz.attention import SCALE, colour_legend, full_pattern
 
 GALLERY_SCHEMA = "mechsink-gallery/1"
 
@@ -76,12 +76,12 @@ def attention_block(element_id: str, tokens: Sequence[str],
         "tokens": list(tokens),
         "attentionHeadNames": [f"L{h['layer']}H{h['head']} (sink {h['sink_score']:.2f})"
                                for h in heads],
-        "maskUpperTri": True,
+        "maskUpperTri": True, **SCALE,
     }
     eid = html.escape(element_id)
     caption = f"<p><strong>{html.escape(title)}</strong></p>\n" if title else ""
     return (
-        f'<div class="mechsink-attention" markdown="0">\n{caption}'
+        f'<div class="mechsink-attention" markdown="0">\n{caption}{colour_legend()}\n'
         f'<div id="{eid}" class="mechsink-cv"></div>\n'
         f'<script type="application/json" id="{eid}-data">{_script_json(props)}</script>\n'
         "<script>\ndocument.addEventListener(\"DOMContentLoaded\", function () {\n"

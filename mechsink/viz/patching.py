@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mechsink.viz.style import SCORE_CMAP, SIGNED_CMAP, styled
+from mechsink.viz.style import MIN_FONT, PAGE_WIDTH, SCORE_CMAP, SIGNED_CMAP, styled
 
 
 def _as_result(result: Any) -> Any:
@@ -60,7 +60,7 @@ def heatmap(result: Any, ax: Any = None, *, raw: bool = False, title: str | None
         vals, rows, cols, xlabel, ylabel = _rows_by_columns(result, axes, pos_axis)
     with styled():
         if ax is None:
-            size = (min(16, max(4.5, 0.3 * min(len(cols), 2 * MAX_LABELS) + 2.5)),
+            size = (min(PAGE_WIDTH, max(4.5, 0.3 * min(len(cols), 2 * MAX_LABELS) + 2.5)),
                     min(14, max(2.5, 0.22 * min(len(rows), 2 * MAX_LABELS) + 1.8)))
             fig, ax = plt.subplots(figsize=size)
         else:
@@ -70,7 +70,7 @@ def heatmap(result: Any, ax: Any = None, *, raw: bool = False, title: str | None
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         width_chars = int(fig.get_figwidth() * ax.get_position().width * 14)
-        ax.set_title(_fit(title or _title(result), max(30, width_chars)), fontsize=9)
+        ax.set_title(_fit(title or _title(result), max(30, width_chars)), fontsize=MIN_FONT + 1)
         fig.colorbar(im, ax=ax, label=_fit(bar_label, 40))
         fig.tight_layout()
     return fig
@@ -103,7 +103,7 @@ def _ticks(ax: Any, rows: list[str], cols: list[str]) -> None:
     for axis, labels, rot in ((ax.yaxis, rows, 0), (ax.xaxis, cols, 90)):
         step = max(1, -(-len(labels) // MAX_LABELS))
         where = list(range(0, len(labels), step))
-        axis.set_ticks(where, [labels[i] for i in where], fontsize=7, rotation=rot)
+        axis.set_ticks(where, [labels[i] for i in where], fontsize=MIN_FONT, rotation=rot)
 
 
 def _rows_by_columns(result: Any, axes: list[str], pos_axis: str | None
@@ -166,7 +166,7 @@ def _facets(result: Any, pos_axis: str, unit: str, *, raw: bool, title: str | No
     vals = result.values.permute(axes.index(pos_axis), axes.index("layer"),
                                  axes.index(unit)).to(torch.float32)
     n_pos = vals.shape[0]
-    ncols = min(n_pos, 6)
+    ncols = min(n_pos, 3)
     nrows = -(-n_pos // ncols)
     layers, units = result.labels["layer"], result.labels[unit]
     base = 0.0 if raw else _baseline(result)[0]
@@ -174,7 +174,7 @@ def _facets(result: Any, pos_axis: str, unit: str, *, raw: bool, title: str | No
     lim = float(finite.abs().max()) if finite.numel() else 1.0
     cols = _col_labels(result, pos_axis)
     with styled():
-        panel_w = min(2.6, max(1.6, 0.2 * len(units) + 0.8))
+        panel_w = (PAGE_WIDTH - 1.4) / ncols
         panel_h = min(3.6, max(1.8, 0.09 * len(layers) + 0.9))
         fig, grid = plt.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True,
                                  figsize=(panel_w * ncols + 1.4, panel_h * nrows + 0.9),
@@ -187,17 +187,18 @@ def _facets(result: Any, pos_axis: str, unit: str, *, raw: bool, title: str | No
             im, bar_label = _image(ax, result, vals[i], raw=raw, lim=None if raw else lim)
             if raw:
                 im.set_clim(float(vals.nan_to_num().min()), float(vals.nan_to_num().max()))
-            ax.set_title(_short(cols[i], 18), fontsize=8)
+            ax.set_title(_short(cols[i], 18), fontsize=MIN_FONT)
             for axis, labels, most in ((ax.yaxis, layers, 8), (ax.xaxis, units, 6)):
                 where = list(range(0, len(labels), max(1, -(-len(labels) // most))))
-                axis.set_ticks(where, [str(labels[j]) for j in where], fontsize=7)
+                axis.set_ticks(where, [str(labels[j]) for j in where], fontsize=MIN_FONT)
             if i % ncols == 0:
-                ax.set_ylabel("layer", fontsize=8)
+                ax.set_ylabel("layer", fontsize=MIN_FONT)
             if i // ncols == nrows - 1 or i + ncols >= n_pos:
-                ax.set_xlabel(unit, fontsize=8)
+                ax.set_xlabel(unit, fontsize=MIN_FONT)
         assert im is not None
         fig.colorbar(im, ax=grid, shrink=0.8, label=_fit(bar_label, 40))
-        fig.suptitle(_fit(title or _title(result), int(fig.get_figwidth() * 12)), fontsize=9)
+        fig.suptitle(_fit(title or _title(result), int(fig.get_figwidth() * 12)),
+                     fontsize=MIN_FONT + 1)
     return fig
 
 

@@ -23,18 +23,28 @@ SCORE_CMAP = "viridis"  # scores in [0, 1] (sink score, attention)
 SIGNED_CMAP = "RdBu"  # signed effects, centred on 0 (positive blue)
 DPI = 110
 
+#: figures are drawn at most this wide (inches): the width of a page's text column, so a figure
+#: is shown at its own size and its text at the size it was set in
+PAGE_WIDTH = 7.5
+#: the smallest text of any figure, in points at page width
+MIN_FONT = 8
+
 RC: dict[str, Any] = {
     "figure.dpi": DPI,
     "savefig.dpi": DPI,
     "savefig.bbox": "tight",
     "font.size": 9,
-    "axes.titlesize": 10,
+    "axes.titlesize": 9,
     "axes.labelsize": 9,
+    "xtick.labelsize": MIN_FONT,
+    "ytick.labelsize": MIN_FONT,
+    "figure.titlesize": 10,
     "axes.spines.top": False,
     "axes.spines.right": False,
     "axes.grid": False,
     "grid.alpha": 0.3,
-    "legend.fontsize": 7,
+    "legend.fontsize": MIN_FONT,
+    "legend.title_fontsize": MIN_FONT,
     "legend.frameon": False,
     "lines.markersize": 4,
     "image.cmap": SCORE_CMAP,
@@ -84,6 +94,26 @@ def fit_titles(fig: Any) -> Any:
         chars = max(12, int(len(label) * width / extent))
         text.set_text("\n".join(textwrap.wrap(label.replace("\n", " "), chars)))
     return fig
+
+
+def line_styles(n: int) -> list[dict[str, Any]]:
+    """``n`` distinct line styles: the palette's colours first, then the same colours dashed,
+    then dotted (a plot with more lines than colours repeats no (colour, dash) pair)."""
+    dashes = ("-", "--", ":", "-.")
+    markers = ("o", "s", "^", "D")
+    return [{"color": PALETTE[i % len(PALETTE)], "ls": dashes[(i // len(PALETTE)) % len(dashes)],
+             "marker": markers[(i // len(PALETTE)) % len(markers)]} for i in range(n)]
+
+
+def smallest_text(fig: Any) -> float:
+    """The smallest text of ``fig`` in points as a reader sees it at page width (a figure wider
+    than :data:`PAGE_WIDTH` is shown shrunk to it)."""
+    from matplotlib.text import Text
+
+    shrink = min(1.0, PAGE_WIDTH / fig.get_figwidth())
+    sizes = [t.get_fontsize() for t in fig.findobj(Text)
+             if t.get_visible() and t.get_text().strip()]
+    return min(sizes, default=float("inf")) * shrink
 
 
 def save(fig: Any, path: Any) -> Any:

@@ -27,7 +27,7 @@ def sink_rate_figure(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_xticks(range(len(models)), models, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel("sink rate (% of heads, key 0)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, metadata={"Software": None})

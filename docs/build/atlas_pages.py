@@ -1,0 +1,194 @@
+"""The pages a committed atlas feeds (:mod:`docs.build.results`): the home page's atlas table
+(claims x models; per cell the verdict, its key number with interval, the criterion, a link to
+the finding page's section for that model), the per-model sections of the chain, P0-circuit and
+query-bias finding pages, and the cross-model page (the atlas's first-token table).
+Everything is read from the committed JSON; nothing here runs a model."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from docs.build.cache import slug
+from docs.build.findings import BY_NAME, _cell, story
+from docs.build.results import STEP_MARKER, CommittedAtlas
+
+NUM = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
+INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
+SHORT = 70  # evidence up to this long is shown whole in a cell
+CLAIM_STEP = {"C1": "structural_origin", "C2": "structural_origin", "C3": "structural_origin",
+              "C4": "structural_origin", "C5": "p0_sink", "C6": "query_bias_dose"}
+VARIANTS = ("bos", "nobos", "randfirst")
+
+
+def anchor(model: str) -> str:
+    """The id of a model's section on a finding page."""
+    return f"model-{slug(model).lower()}"
+
+
+def key_figure(evidence: str) -> str:
+    """The key number of a cell's evidence, with its interval where the evidence gives one: the
+    whole evidence when short, else its first part holding an interval, else its first part
+    holding a change (``->``), else its first part."""
+    text = " ".join(str(evidence).split())
+    if len(text) <= SHORT:
+        return text
+    parts = [p.strip() for p in text.split("; ") if p.strip()]
+    pick = (next((p for p in parts if INTERVAL.search(p)), None)
+            or next((p for p in parts if "->" in p), None) or parts[0])
+    return pick if len(pick) <= 2 * SHORT else pick[: 2 * SHORT - 1] + "…"
+
+
+def finding_link(claim: str, cell: Mapping[str, Any], model: str, prefix: str) -> str | None:
+    """Where a cell links: its finding page's section for the model (None without a run)."""
+    step = CLAIM_STEP.get(claim)
+    if not cell.get("link") or step is None:
+        return None
+    return f"{prefix}findings/{BY_NAME[step].slug}.md#{anchor(model)}"
+
+
+def provenance(atlas: CommittedAtlas) -> str:
+    """One paragraph: the command, its date, the mechsink commit and version that made it."""
+    e = atlas.entry
+    commit = e.get("mechsink_commit") or "unknown"
+    commit = f"commit `{commit[:12]}`" if re.fullmatch(r"[0-9a-f]{40}", commit) else commit
+    return (f"Made by `{e.get('command')}` on {str(e.get('made', '?'))[:10]} (mechsink "
+            f"{e.get('mechsink_version', '?')}, {commit}); committed under "
+            f"`docs/results/{atlas.name}/` and drawn from its JSON when the site is built "
+            "(no model runs).")
+
+
+def _criterion(cells: list[Mapping[str, Any]]) -> str:
+    seen = Counter(c["criterion"] for c in cells if c.get("criterion", "-") != "-")
+    return seen.most_common(1)[0][0] if seen else "-"
+
+
+def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
+    """The home page's atlas: the table of claims x models (:func:`evidence_section` writes
+    every cell out, further down the page)."""
+    data = atlas.data
+    models = data["models"]
+    s = data["settings"]
+    lines = ["## The sink atlas: every claim on every model", "",
+             f"Each claim tested on each model with the same prompts and settings (n = {s['n']} "
+             f"prompts of {s['seq_len']} tokens, seed {s['seed']}, sink threshold eps = "
+             f"{s['eps']}). {provenance(atlas)}", "",
+             "Table: the atlas. Each cell: the verdict (linked to the finding page's section for "
+             "that model) and the key number it rests on, with its 95% interval over prompts "
+             "where the experiment gives one; each row's criterion is listed right under the "
+             "table (a cell judged by another says so), every cell's full evidence "
+             "[further down](#atlas-evidence).", "",
+             "| claim | " + " | ".join(f"`{m['model']}`" for m in models) + " |",
+             "|---|" + "---|" * len(models)]
+    criteria = []
+    for claim, what in data["claims"].items():
+        cells = [m["cells"][claim] for m in models]
+        common = _criterion(cells)
+        criteria.append(f"- **{claim}** ({what}): {common}.")
+        out = []
+        for m, c in zip(models, cells, strict=True):
+            link = finding_link(claim, c, m["model"], prefix)
+            verdict = f"[**{c['verdict']}**]({link})" if link else f"**{c['verdict']}**"
+            extra = ("" if c.get("criterion", "-") in ("-", common)
+                     else f"<br>criterion: {c['criterion']}")
+            out.append(_cell(f"{verdict}<br>{key_figure(c['evidence'])}{extra}"))
+        lines.append(f"| [{claim}](#atlas-{claim.lower()}) {_cell(what)} | " + " | ".join(out)
+                     + " |")
+    lines += ["", "The criteria, one per claim (the verdicts above are judged by them):", "",
+              *criteria]
+    lines += ["", "The sink rate of every model on every prompt suite and first token is on "
+              f"[the cross-model page]({prefix}findings/cross-model.md).", ""]
+    return "\n".join(lines)
+
+
+def evidence_section(atlas: CommittedAtlas) -> str:
+    """Every atlas cell written out: per claim and model, the verdict, the criterion and what
+    was measured (the home page's table links here)."""
+    data = atlas.data
+    models = data["models"]
+    lines = ["## The atlas, cell by cell: criteria and evidence { #atlas-evidence }", ""]
+    for claim, what in data["claims"].items():
+        lines += [f"### {claim}: {what} {{ #atlas-{claim.lower()} }}", ""]
+        for m in models:
+            c = m["cells"][claim]
+            lines.append(f"- `{m['model']}`: **{c['verdict']}**. Criterion: {c['criterion']}. "
+                         f"Measured: {c['evidence']}.")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _rate(v: Mapping[str, Any] | None) -> tuple[str, str | None]:
+    """A first-token cell (``mean [low, high]``) and the note of a zero-width interval."""
+    if not v or "mean" not in v:
+        return (f"n/a ({v['not_applicable']})" if v and "not_applicable" in v else "-"), None
+    text = f"{v['mean']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+    return (text + " ‡", v["note"]) if v.get("note") else (text, None)
+
+
+def cross_model_section(atlas: CommittedAtlas) -> str:
+    """The cross-model page from the atlas: per suite, models x first-token variants (sink rate
+    at key 0 with its interval over prompts), and the story of each model's natural-text row."""
+    data = atlas.data
+    models = data["models"]
+    eps = data["settings"]["eps"]
+    suites = list(dict.fromkeys(k.split("/")[0] for m in models for k in m["first_token"]))
+    lines = ["# Across models: the first token", "",
+             "The atlas's sink rate at key 0 (Gu et al.'s: the share of heads whose sink score "
+             f"passes eps = {eps}; mean and 95% interval over prompts) of every model on every "
+             "prompt suite, with each first-token variant: `bos` (the model's BOS token first), "
+             "`nobos` (the text starts at position 0), `randfirst` (a random ordinary token "
+             "first). A model whose sink only shows without its BOS token looks sink-free in a "
+             f"BOS-only overview. {provenance(atlas)}", ""]
+    for m in models:
+        runs = {v: {"sink_rate": m["first_token"].get(f"natural/{v}", {}).get("mean")}
+                for v in VARIANTS}
+        lines.append(story(m["model"], runs, eps) + "\n")
+    notes: dict[str, int] = {}
+    for suite in suites:
+        lines += ["", f"Table: sink rate at key 0 on {suite} input, per model and first token "
+                  "(‡: the interval has zero width, see below).", "",
+                  "| model | " + " | ".join(VARIANTS) + " |", "|---|" + "---|" * len(VARIANTS)]
+        for m in models:
+            cells = []
+            for v in VARIANTS:
+                text, note = _rate(m["first_token"].get(f"{suite}/{v}"))
+                if note:
+                    notes[note] = notes.get(note, 0) + 1
+                cells.append(_cell(text))
+            lines.append(f"| `{m['model']}` | " + " | ".join(cells) + " |")
+    if notes:
+        lines += ["", "‡ Zero-width intervals, and why: "
+                  + "; ".join(f"{n} ({k} cells)" for n, k in notes.items()) + "."]
+    lines += ["", f"Data: [atlas.json](../assets/results/{atlas.name}/atlas.json).", ""]
+    return "\n".join(lines)
+
+
+def step_rows(atlas: CommittedAtlas, step: str) -> list[tuple[Mapping[str, Any], Any]]:
+    """The model rows of the atlas that hold a result of ``step`` (row, folder)."""
+    out = []
+    for row in atlas.data["models"]:
+        folder = atlas.step(row, step)
+        if folder is not None:
+            out.append((row, folder))
+    return out
+
+
+def absent_rows(atlas: CommittedAtlas, step: str) -> list[tuple[str, str]]:
+    """The models of the atlas without a result of ``step``, each with the reason (what the
+    step recorded, or what its claim's cell says)."""
+    claims = [c for c, st in CLAIM_STEP.items() if st == step]
+    out = []
+    for row in atlas.data["models"]:
+        if atlas.step(row, step) is not None:
+            continue
+        marker = atlas.root / row["folder"] / step / STEP_MARKER
+        reason = None
+        if marker.is_file():
+            reason = json.loads(marker.read_text(encoding="utf-8")).get("not_applicable")
+        if reason is None and claims:
+            reason = row["cells"][claims[0]].get("evidence")
+        out.append((row["model"], str(reason or "not run")))
+    return out
