@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,7 @@ def main() -> int:
                         help="also write the census's JSON here (to compare two versions)")
     args = parser.parse_args()
 
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure this checkout
     import torch
 
     from mechsink.measure import census as census_mod
@@ -96,7 +98,7 @@ def main() -> int:
         census_mod.census_context = real_context
     peak = max(_status("VmHWM"), phases.peak.pop("_census", 0))
     out = {
-        "model": args.model, "n": args.n, "seq_len": args.seq_len,
+        "model": args.model, "code": str(Path(census_mod.__file__).parents[2]), "n": args.n, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "runs": len(result.runs),
         "rss_before_load_gib": round(start_rss / GIB, 3),
         "rss_after_load_gib": round(loaded / GIB, 3),
