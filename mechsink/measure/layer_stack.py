@@ -122,6 +122,19 @@ class LayerStack:
         return getattr(self.materialize(), name)
 
 
+def _on_stacked(op: str) -> Callable[..., Any]:
+    def run(self: LayerStack, *args: Any) -> Any:
+        return getattr(self.materialize(), op)(*_materialized(args))
+
+    run.__name__ = op
+    return run
+
+
+for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "matmul",
+            "rmatmul", "pow", "neg", "abs", "eq", "ne", "lt", "le", "gt", "ge"):
+    setattr(LayerStack, f"__{_op}__", _on_stacked(f"__{_op}__"))
+
+
 def _materialized(x: Any) -> Any:
     if isinstance(x, LayerStack):
         return x.materialize()
