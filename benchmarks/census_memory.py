@@ -98,7 +98,8 @@ def main() -> int:
         census_mod.census_context = real_context
     peak = max(_status("VmHWM"), phases.peak.pop("_census", 0))
     out = {
-        "model": args.model, "code": str(Path(census_mod.__file__).parents[2]), "n": args.n, "seq_len": args.seq_len,
+        "model": args.model, "code": str(Path(census_mod.__file__).parents[2]),
+        "n": args.n, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "runs": len(result.runs),
         "rss_before_load_gib": round(start_rss / GIB, 3),
         "rss_after_load_gib": round(loaded / GIB, 3),

@@ -277,7 +277,8 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
     (mixture of experts) gets none, and the measurements that need it say so."""
     cfg = model.cfg
     try:  # the blocks' own tensors (no 1.4 GiB stacked copy on a 1.5B model), else stacked
-        w_out, why = down_projection_layers(model) or down_projection(model), ""
+        w_out, why = down_projection_layers(model), ""
+        w_out = down_projection(model) if w_out is None else w_out
     except BadInputError as exc:
         w_out, why = None, str(exc).split(":")[0]
     if w_out is not None and (w_out.ndim != 3 or w_out.shape[0] != int(cfg.n_layers)

@@ -20,119 +20,100 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 
+_METADATA = frozenset({"shape", "dtype", "device", "ndim", "layout", "requires_grad", "is_cuda",
+                       "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_nested", "grad_fn",
+                       "grad", "names", "itemsize", "is_leaf", "output_nr", "_version"})
+_CONVERT = {torch.Tensor.detach: lambda t, *a, **k: t.detach(),
+            torch.Tensor.to: lambda t, *a, **k: t.to(*a, **k),
+            torch.Tensor.cpu: lambda t, *a, **k: t.cpu(*a, **k),
+            torch.Tensor.float: lambda t, *a, **k: t.float(*a, **k)}
+_META_CALLS = (torch.Tensor.dim, torch.Tensor.size, torch.Tensor.numel, torch.Tensor.__len__,
+               torch.Tensor.is_floating_point, torch.Tensor.is_contiguous,
+               torch.Tensor.element_size, torch.Tensor.get_device)
 
-class LayerStack:
-    """Equal-shaped per-layer tensors that index like ``torch.stack(layers)``."""
 
-    def __init__(self, layers: Sequence[Tensor]) -> None:
-        layers = tuple(layers)
+class LayerStack(torch.Tensor):
+    """Equal-shaped per-layer tensors that index like ``torch.stack(layers)``.
+
+    A tensor (shape, dtype and device of the stack, so type checks and shape checks pass)
+    that holds no storage of its own: ``[layer]``, ``[layer, ...]`` and integer-tensor
+    indexing read the layers; ``detach``/``to``/``cpu``/``float`` convert per layer (no copy
+    when nothing changes); any other operation runs on :meth:`materialize`'s stacked copy."""
+
+    _layers: tuple[Tensor, ...]
+
+    @staticmethod
+    def __new__(cls, layers: Sequence[Tensor]) -> LayerStack:
+        layers = tuple(t.detach() for t in layers)
         if not layers or len({(t.shape, t.dtype, t.device) for t in layers}) != 1:
             raise BadInputError("a LayerStack needs at least one layer, all of one shape, "
                                 "dtype and device.")
+        first = layers[0]
+        self = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, (len(layers), *first.shape), dtype=first.dtype, device=first.device,
+            requires_grad=False)
         self._layers = layers
+        return self
 
-    # --- what a tensor tells about itself -----------------------------------------------------
-    @property
-    def shape(self) -> torch.Size:
-        return torch.Size((len(self._layers), *self._layers[0].shape))
-
-    @property
-    def ndim(self) -> int:
-        return self._layers[0].ndim + 1
-
-    def dim(self) -> int:
-        return self.ndim
-
-    def size(self, dim: int | None = None) -> Any:
-        return self.shape if dim is None else self.shape[dim]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._layers[0].dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self._layers[0].device
-
-    def __len__(self) -> int:
-        return len(self._layers)
-
-    def __repr__(self) -> str:
-        return f"LayerStack({tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
-
-    # --- cheap conversions (per layer; no copy when nothing changes) --------------------------
-    def _each(self, fn: Callable[[Tensor], Tensor]) -> LayerStack:
-        out = [fn(t) for t in self._layers]
-        return self if all(a is b for a, b in zip(out, self._layers, strict=True)) \
-            else LayerStack(out)
-
-    def detach(self) -> LayerStack:
-        return LayerStack([t.detach() for t in self._layers])
-
-    def to(self, *args: Any, **kwargs: Any) -> LayerStack:
-        return self._each(lambda t: t.to(*args, **kwargs))
-
-    def cpu(self) -> LayerStack:
-        return self._each(lambda t: t.cpu())
-
-    def float(self) -> LayerStack:
-        return self._each(lambda t: t.float())
+    def __init__(self, layers: Sequence[Tensor]) -> None:  # all done in __new__
+        super().__init__()
 
     def materialize(self) -> Float[Tensor, "layer ..."]:
         """The stacked tensor (a copy of every layer)."""
         return torch.stack(self._layers)
 
-    # --- indexing ------------------------------------------------------------------------------
-    def __getitem__(self, index: Any) -> Tensor:
+    def _each(self, fn: Callable[[Tensor], Tensor]) -> LayerStack:
+        out = [fn(t) for t in self._layers]
+        return self if all(a is b for a, b in zip(out, self._layers, strict=True)) \
+            else LayerStack(out)
+
+    def _index(self, index: Any) -> Tensor:
         parts = index if isinstance(index, tuple) else (index,)
         first, rest = parts[0], parts[1:]
         if isinstance(first, int) or (isinstance(first, Tensor) and first.ndim == 0
-                                      and not first.dtype.is_floating_point
-                                      and first.dtype != torch.bool):
+                                      and _integer(first)):
             layer = self._layers[int(first)]
             return layer[rest] if rest else layer
         if (isinstance(first, Tensor) and len(rest) == self.ndim - 1
-                and all(isinstance(p, Tensor) and not p.dtype.is_floating_point
-                        and p.dtype != torch.bool for p in parts)):
+                and all(isinstance(p, Tensor) and _integer(p) for p in parts)):
             return self._gather(first, rest)
-        return self.materialize()[index]
+        return self.materialize()[_materialized(index)]
 
     def _gather(self, layers: Tensor, rest: tuple[Tensor, ...]) -> Tensor:
         """``stack[layers, *rest]`` for integer index tensors (broadcast), one layer at a time."""
-        idx = torch.broadcast_tensors(layers, *rest)
-        layer_idx = idx[0].to(self.device)
-        out = torch.empty(layer_idx.shape, dtype=self.dtype, device=self.device)
-        for layer in torch.unique(layer_idx).tolist():
-            if not -len(self._layers) <= layer < len(self._layers):
-                raise IndexError(f"layer index {layer} is out of range for "
-                                 f"{len(self._layers)} layers")
-            hit = layer_idx == layer
-            out[hit] = self._layers[layer][tuple(i.to(self.device)[hit] for i in idx[1:])]
+        n = len(self._layers)
+        idx = [i.to(self.device) for i in torch.broadcast_tensors(layers, *rest)]
+        out = torch.empty(idx[0].shape, dtype=self.dtype, device=self.device)
+        for layer in torch.unique(idx[0]).tolist():
+            if not -n <= layer < n:
+                raise IndexError(f"layer index {layer} is out of range for {n} layers")
+            hit = idx[0] == layer
+            out[hit] = self._layers[layer][tuple(i[hit] for i in idx[1:])]
         return out
 
-    # --- everything else: on the stacked tensor -------------------------------------------------
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
                            ) -> Any:
-        return func(*_materialized(args), **_materialized(kwargs or {}))
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            if func is torch.Tensor.__getitem__ and isinstance(args[0], LayerStack):
+                return args[0]._index(args[1])
+            if func in _CONVERT and isinstance(args[0], LayerStack):
+                return args[0]._each(lambda t: _CONVERT[func](t, *args[1:], **kwargs))
+            owner = getattr(func, "__self__", None)
+            if func in _META_CALLS or (getattr(func, "__name__", "") == "__get__"
+                                       and getattr(owner, "__name__", "") in _METADATA):
+                return func(*args, **kwargs)
+            return func(*_materialized(args), **_materialized(kwargs))
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return getattr(self.materialize(), name)
+    __torch_dispatch__ = None  # every operation is answered above, never by the dispatcher
+
+    def __repr__(self, *args: Any, **kwargs: Any) -> str:
+        return f"LayerStack({tuple(self.shape)}, dtype={self.dtype}, device={self.device})"
 
 
-def _on_stacked(op: str) -> Callable[..., Any]:
-    def run(self: LayerStack, *args: Any) -> Any:
-        return getattr(self.materialize(), op)(*_materialized(args))
-
-    run.__name__ = op
-    return run
-
-
-for _op in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "matmul",
-            "rmatmul", "pow", "neg", "abs", "eq", "ne", "lt", "le", "gt", "ge"):
-    setattr(LayerStack, f"__{_op}__", _on_stacked(f"__{_op}__"))
+def _integer(t: Tensor) -> bool:
+    return not t.dtype.is_floating_point and not t.dtype.is_complex and t.dtype != torch.bool
 
 
 def _materialized(x: Any) -> Any:
