@@ -279,3 +279,38 @@ def test_scan_no_validate_sets_skips_the_causal_check(tmp_path):
     without = json.loads((tmp_path / "off" / "census.json").read_text())
     assert "super_neuron_causality" in with_check and "super_neuron_causality" not in without
     assert with_check["runs"] == without["runs"]
+# --- memory (issue 27 item 1): the census holds less, every number is the same ------------------
+
+
+@pytest.mark.parametrize("model_name", ["llama_tiny", "gpt2_tiny"])
+def test_census_equals_the_measurements_of_a_plain_full_cache(model_name, request):
+    """The census's stacked-once cache, per-layer weights and per-layer reductions change no
+    number: every census.json entry equals the same measurement of one plain run_with_cache
+    of every hook with the model's stacked weights (W_out, W_O), and the head norms and the
+    variance sums equal the all-layers-at-once formulas they replaced."""
+    import torch
+
+    from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext
+
+    model = request.getfixturevalue(model_name)
+    c = census(model, ["natural", "random"], ["bos"], n=4, seq_len=8, batch_size=4, seed=3)
+    for run in c.runs:
+        tokens = make_prompts(model, run.prompts["suite"], "bos", n=4, seq_len=8, seed=3).tokens
+        with torch.no_grad():
+            _, cache = model.run_with_cache(tokens)
+        w_o = model.W_O.detach()
+        context = CensusContext(model.W_out.detach(), w_o)
+        for entry in CENSUS_MEASUREMENTS:
+            reference = entry.to_json(entry.measure(cache, context))
+            assert entry.to_json(run.measurements[entry.name]) == reference, entry.name
+        layers = range(model.cfg.n_layers)
+        z = torch.stack([cache[f"blocks.{lay}.attn.hook_z"] for lay in layers])
+        norms = torch.einsum("lbphd,lhdm->lbphm", z, w_o).norm(dim=-1).mean(dim=2)
+        torch.testing.assert_close(run.heads.norms, norms.transpose(0, 1), rtol=1e-6, atol=0)
+        out = torch.stack([cache[f"blocks.{lay}.hook_attn_out"] for lay in layers]).double()
+        pattern = torch.stack([cache[f"blocks.{lay}.attn.hook_pattern"] for lay in layers])
+        torch.testing.assert_close(run.variance.total, out.sum(1), rtol=1e-12, atol=0)
+        torch.testing.assert_close(run.variance.total_sq, (out**2).sum(1), rtol=1e-12, atol=0)
+        torch.testing.assert_close(run.variance.concentration,
+                                   (pattern.double()**2).sum(-1).mean(2).sum(1),
+                                   rtol=1e-12, atol=0)

@@ -371,3 +371,60 @@ def test_measure_forward_bad_input_is_refused_before_the_forward(llama_tiny):
         measure_forward(llama_tiny, tokens, {})
     with pytest.raises(BadInputError, match="at least one sequence"):
         measure_forward(llama_tiny, tokens[:0], one)
+
+
+# --- memory (issue 27 item 1): a cache held once, weights read without a stacked copy ----------
+
+
+def test_stacked_cache_holds_each_hook_once_and_reads_as_the_plain_cache(llama_tiny):
+    from mechsink.measure._cache import StackedCache, n_layers_in, stacked
+
+    tokens = make_prompts(llama_tiny, "random", "bos", n=2, seq_len=8, seed=1).tokens
+    suffixes = ("hook_resid_post", "attn.hook_pattern")
+    plain = _cache(llama_tiny, tokens, suffixes)
+    tensors = {name: plain[name] for name in plain.keys()}
+    tensors["blocks.0.alias_of_resid"] = tensors["blocks.0.hook_resid_post"]  # a second name
+    tensors["blocks.1.only_one_layer"] = torch.ones(3)
+    held = StackedCache.of(tensors, [*suffixes, "only_one_layer"], llama_tiny.cfg.n_layers)
+    for s in suffixes:
+        one = stacked(held, s)
+        assert one is held.stack_of(s)  # no copy: the cache's own tensor
+        assert torch.equal(one, torch.stack([plain[f"blocks.{lay}.{s}"] for lay in range(2)]))
+        assert held[f"blocks.1.{s}"].data_ptr() == one[1].data_ptr()
+    assert "blocks.0.alias_of_resid" not in held.keys()  # dropped with the stacked tensor
+    assert torch.equal(held["blocks.1.only_one_layer"], torch.ones(3))  # kept as it was
+    with pytest.raises(BadInputError, match="not for every layer"):
+        n_layers_in(held, "only_one_layer")
+    wanted = {f"blocks.{lay}.{s}" for s in suffixes for lay in range(2)}
+    # the bridge's cache also names each tensor by its canonical name (blocks.0.hook_out):
+    # those aliases go with the stacked tensor, nothing else is lost
+    assert set(held.keys()) == wanted | {"blocks.1.only_one_layer"}
+    assert wanted <= set(plain.keys())
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+def test_layer_stack_indexes_like_the_stacked_weights_without_copying(model_name, request):
+    from mechsink.measure.layer_stack import LayerStack, down_projection_layers
+
+    model = request.getfixturevalue(model_name)
+    full = down_projection(model)  # the stacked copy
+    lazy = down_projection_layers(model)
+    assert isinstance(lazy, LayerStack) and lazy.shape == full.shape and lazy.ndim == 3
+    hf_ptrs = {p.untyped_storage().data_ptr() for p in model.original_model.parameters()}
+    assert all(t.untyped_storage().data_ptr() in hf_ptrs for t in lazy._layers)  # views
+    assert lazy.detach().to("cpu", torch.float32).cpu() is not None
+    g = torch.Generator().manual_seed(0)
+    n_layers, rows, cols = full.shape
+    li, ri, ci = (torch.randint(k, (3, 5), generator=g) for k in (n_layers, rows, cols))
+    assert torch.equal(lazy[li, ri, ci], full[li, ri, ci])
+    assert torch.equal(lazy[1, 2, ci[0]], full[1, 2, ci[0]])
+    assert torch.equal(lazy[1, :, 3], full[1, :, 3]) and torch.equal(lazy[0], full[0])
+    assert torch.equal(lazy[torch.tensor(1)], full[1])
+    assert torch.equal(lazy[:, 0], full[:, 0])  # any other index: on the stacked tensor
+    assert torch.equal(torch.einsum("lab->l", lazy), full.sum((1, 2)))  # torch functions too
+    assert torch.equal(lazy.sum(), full.sum()) and torch.equal(lazy * 2, full * 2)
+    assert torch.equal(lazy.float()[1], full[1])
+    with pytest.raises(IndexError):
+        lazy[torch.tensor([n_layers]), torch.tensor([0]), torch.tensor([0])]
+    with pytest.raises(BadInputError, match="one shape"):
+        LayerStack([torch.zeros(2), torch.zeros(3)])

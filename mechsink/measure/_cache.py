@@ -58,9 +58,71 @@ def n_layers_in(cache: CacheLike, suffix: str) -> int:
 
 
 def stacked(cache: CacheLike, suffix: str) -> Tensor:
-    """``blocks.{l}.<suffix>`` for all layers, stacked on a new leading layer axis."""
+    """``blocks.{l}.<suffix>`` for all layers, stacked on a new leading layer axis.
+
+    On a :class:`StackedCache` this is the cache's own tensor, not a copy: a measurement must
+    not modify it in place (the measurements here are pure functions of the cache)."""
+    if isinstance(cache, StackedCache) and (held := cache.stack_of(suffix)) is not None:
+        return held
     n = n_layers_in(cache, suffix)
     return torch.stack([cache[hook_name(layer, suffix)] for layer in range(n)])
+
+
+class StackedCache:
+    """A cache that holds each per-block hook stacked over layers, ``[layer, ...]``, once.
+
+    Why: every measurement reads a hook as :func:`stacked` layers, and stacking a cache of
+    separate per-layer tensors copies them, once per measurement (the census reads the MLP
+    hidden activations, the largest hook, in two measurements). :meth:`of` stacks each hook
+    once and frees the per-layer tensors as it goes, so the cache is held once and
+    :func:`stacked` costs nothing. ``cache[name]`` is a view of the stack; names that are not
+    a complete set of layers ``0..L-1`` of one shape stay as they were."""
+
+    def __init__(self, stacks: dict[str, Tensor], rest: dict[str, Tensor]) -> None:
+        self._stacks = stacks
+        self._rest = rest
+
+    @classmethod
+    def of(cls, tensors: dict[str, Tensor], suffixes: Sequence[str], n_layers: int
+           ) -> StackedCache:
+        """Restack ``tensors`` (hook name -> tensor; consumed: the caller must hold no other
+        reference to the cache it came from, so each layer's tensor is freed once stacked):
+        each suffix held at every layer ``0..n_layers-1`` with one shape becomes one tensor.
+        Alias keys of a stacked tensor (a bridge's cache can name one activation twice) are
+        dropped with it; every other name stays as it was."""
+        by_id: dict[int, list[str]] = {}
+        for name, value in tensors.items():
+            by_id.setdefault(id(value), []).append(name)
+        stacks: dict[str, Tensor] = {}
+        for suffix in suffixes:
+            names = [hook_name(layer, suffix) for layer in range(n_layers)]
+            parts = [tensors.get(name) for name in names]
+            if n_layers == 0 or any(p is None for p in parts) or \
+                    len({(tuple(p.shape), p.dtype, p.device) for p in parts}) != 1:
+                continue
+            for part in parts:
+                for alias in by_id.get(id(part), ()):
+                    tensors.pop(alias, None)
+            stacks[suffix] = torch.stack(parts)
+            del parts
+        return cls(stacks, tensors)
+
+    def stack_of(self, suffix: str) -> Tensor | None:
+        """The stacked ``[layer, ...]`` tensor of ``suffix``, or None if it is not held so."""
+        return self._stacks.get(suffix)
+
+    def keys(self) -> list[str]:
+        held = [hook_name(layer, s) for s, t in self._stacks.items() for layer in range(len(t))]
+        return held + [k for k in self._rest if k not in set(held)]
+
+    def __getitem__(self, name: str) -> Tensor:
+        m = _BLOCK.match(name)
+        if m and m.group(2) in self._stacks and int(m.group(1)) < len(self._stacks[m.group(2)]):
+            return self._stacks[m.group(2)][int(m.group(1))]
+        return self._rest[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in set(self.keys())
 
 
 def rounded(x: float | int | Tensor | None, digits: int = 6) -> float | None:

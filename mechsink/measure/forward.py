@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, hook_names
+from mechsink.measure._cache import CacheLike, StackedCache, hook_names
 from mechsink.measure.checks import check_batch_size
 
 ChunkDone = Callable[[int, int], None]  # (sequences done, sequences in all)
@@ -87,7 +87,8 @@ def measure_forward(
     if not measurements:
         raise BadInputError("measure_forward needs at least one measurement.")
     suffixes = sorted({s for m in measurements.values() for s in m.hooks})
-    names = hook_names(int(model.cfg.n_layers), suffixes)
+    n_layers = int(model.cfg.n_layers)
+    names = hook_names(n_layers, suffixes)
     want_logits = any(m.logits for m in measurements.values())
     n = int(tokens.shape[0])
     if tokens.ndim != 2 or n == 0:
@@ -97,8 +98,14 @@ def measure_forward(
     parts: dict[str, list[Any]] = {key: [] for key in measurements}
     for start in range(0, n, step):
         chunk = tokens[start:start + step]
-        logits, cache = model.run_with_cache(chunk, names_filter=names,
-                                             return_type="logits" if want_logits else None)
+        logits, raw = model.run_with_cache(chunk, names_filter=names,
+                                           return_type="logits" if want_logits else None)
+        # each hook held once, stacked over layers: the measurements read stacked() layers,
+        # which would otherwise copy the cache once per measurement
+        tensors = {name: raw[name] for name in list(raw.keys())}
+        del raw
+        cache = StackedCache.of(tensors, suffixes, n_layers)
+        del tensors
         forward = Forward(chunk, start, cache, logits if want_logits else None)
         for key, m in measurements.items():
             parts[key].append(m.read(forward))

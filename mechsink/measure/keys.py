@@ -58,20 +58,24 @@ class KeyBiasCosine:
 def key_bias_cosine(cache: CacheLike) -> KeyBiasCosine:
     """Mean cos(q_i, k_0) and mean cos(q_i, k_{0<j<=i}) over queries i > 0."""
     q_name, k_name = qk_hooks_in(cache)
-    q = stacked(cache, q_name).float()  # [layer, batch, pos, head, d_head]
-    k = stacked(cache, k_name).float()  # [layer, batch, pos, kv_head, d_head]
-    n_heads, n_kv = q.shape[3], k.shape[3]
+    q_all, k_all = stacked(cache, q_name), stacked(cache, k_name)
+    # [layer, batch, pos, head, d_head]; one layer at a time (normalised and repeated copies of
+    # every layer's queries and keys, and every cosine at once, would all be held together)
+    n_heads, n_kv = q_all.shape[3], k_all.shape[3]
     if n_heads % n_kv:
         raise BadInputError(f"{n_heads} query heads do not share {n_kv} KV heads evenly.")
-    k = k.repeat_interleave(n_heads // n_kv, dim=3)
-    cos = torch.einsum("lbihd,lbjhd->lbhij", F.normalize(q, dim=-1), F.normalize(k, dim=-1))
-    n_pos = cos.shape[-1]
+    n_pos = q_all.shape[2]
     if n_pos < 2:
         raise BadInputError("key-bias cosine needs at least two positions.")
-    first = cos[..., 1:, 0].mean(-1)
-    seen = torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool, device=cos.device))
+    seen = torch.tril(torch.ones(n_pos, n_pos, dtype=torch.bool, device=q_all.device))
     seen[:, 0] = False
     seen = seen[1:]  # queries i > 0, keys 0 < j <= i
-    rest = (cos[..., 1:, :] * seen).sum(-1) / seen.sum(-1)
-    rest = rest.mean(-1)
+    firsts, rests = [], []
+    for layer in range(q_all.shape[0]):
+        q = q_all[layer].float()
+        k = k_all[layer].float().repeat_interleave(n_heads // n_kv, dim=2)
+        cos = torch.einsum("bihd,bjhd->bhij", F.normalize(q, dim=-1), F.normalize(k, dim=-1))
+        firsts.append(cos[..., 1:, 0].mean(-1))
+        rests.append(((cos[..., 1:, :] * seen).sum(-1) / seen.sum(-1)).mean(-1))
+    first, rest = torch.stack(firsts), torch.stack(rests)  # [layer, batch, head]
     return KeyBiasCosine(first.transpose(0, 1).cpu(), rest.transpose(0, 1).cpu())

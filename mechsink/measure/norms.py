@@ -125,8 +125,11 @@ def head_output_norms(
     dormant_frac: float = DORMANT_FRAC,
 ) -> HeadNorms:
     """Mean over positions of ``||z[p,h] @ W_O[h]||`` per sequence, layer and head."""
-    z = stacked(cache, HEAD_HOOKS[0]).float()  # [layer, batch, pos, head, d_head]
-    w = w_o.detach().to(z.device, torch.float32)
-    out = torch.einsum("lbphd,lhdm->lbphm", z, w)
-    norms = out.norm(dim=-1).mean(dim=2)  # [layer, batch, head]
+    z = stacked(cache, HEAD_HOOKS[0])  # [layer, batch, pos, head, d_head]
+    # one layer at a time: every head's write [batch, pos, head, d_model] of all layers at
+    # once would be the census's largest tensor (n_heads x the residual stream, per layer)
+    norms = torch.stack([
+        torch.einsum("bphd,hdm->bphm", z[layer].float(),
+                     w_o[layer].detach().to(z.device, torch.float32)).norm(dim=-1).mean(dim=1)
+        for layer in range(z.shape[0])])  # [layer, batch, head]
     return HeadNorms(norms.transpose(0, 1).cpu(), float(dormant_frac))

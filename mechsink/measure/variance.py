@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -72,7 +73,14 @@ class VarianceStats:
 
 def variance_stats(cache: CacheLike) -> VarianceStats:
     """Running sums for the variance discrepancy from ``hook_attn_out`` and ``hook_pattern``."""
-    out = stacked(cache, HOOKS[0]).double()  # [layer, batch, pos, d]
-    pattern = stacked(cache, HOOKS[1]).double()  # [layer, batch, head, query, key]
-    conc = (pattern**2).sum(-1).mean(2).sum(1)  # [layer, pos]
-    return VarianceStats(int(out.shape[1]), out.sum(1).cpu(), (out**2).sum(1).cpu(), conc.cpu())
+    out = stacked(cache, HOOKS[0])  # [layer, batch, pos, d]
+    pattern = stacked(cache, HOOKS[1])  # [layer, batch, head, query, key]
+    # float64 one layer at a time (a float64 copy of every layer would double the hooks)
+    total, total_sq, conc = [], [], []
+    for layer in range(out.shape[0]):
+        x, a = out[layer].double(), pattern[layer].double()
+        total.append(x.sum(0))
+        total_sq.append((x**2).sum(0))
+        conc.append((a**2).sum(-1).mean(1).sum(0))  # [pos]
+    return VarianceStats(int(out.shape[1]), torch.stack(total).cpu(),
+                         torch.stack(total_sq).cpu(), torch.stack(conc).cpu())
