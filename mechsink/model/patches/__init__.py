@@ -15,6 +15,8 @@ the installed ones by the tests), why it is needed and when it can go:
   mid-forward.
 - :mod:`~mechsink.model.patches.cache_keyword`: the bridge's attention reads the transformers
   cache under its transformers 5 keyword.
+- :mod:`~mechsink.model.patches.fast_blocks`: a block with no hooks runs as its plain
+  transformers layer (inside ``fast_blocks(model)``; not on by default).
 - :mod:`~mechsink.model.patches.attention_hooks`: the declared attention hooks fire inside
   the computation where the bridge never calls them: ``hook_rot_q/k`` (GPT-NeoX, GPT-J,
   Falcon, Phi-3, ...), and ``hook_attn_scores``/``hook_pattern`` on bridges that run

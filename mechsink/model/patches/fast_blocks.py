@@ -13,6 +13,11 @@ parameters (no weights are copied). The block's own entry steps (a residual inje
 ``start_at_layer``, ``stop_at_layer``) still run, and its output goes through its (empty)
 ``hook_out``, so callers see the same tuple or tensor. ``benchmarks/blocks.py`` measures the
 per-call cost against transformers' own layer with and without it; tests compare the outputs.
+
+Why: the per-component wrappers cost 1.76x transformers' own layer per call at 1 x 1 token
+(SmolLM2 block 3), time spent on hook points that hold no hook.
+
+Remove when: TransformerLens's bridge skips its wrappers' bookkeeping when no hook is set.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 
 from torch import nn
 
+TARGETS = {"transformer-lens": ">=4.3,<5", "transformers": ">=5,<6"}
 _PLAIN = "_mechsink_plain_layer"
 _DICTS = "_mechsink_module_dicts"
 
