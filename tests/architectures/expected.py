@@ -10,6 +10,10 @@ are a limit of the suite's builder, not a verdict on mechsink.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import pytest
+
 CHECKS = ("logits", "wrap", "unembed", "start_at_layer", "census", "activation:<site>",
           "logit_metric", "path:<receiver>", "discovery:<receiver>", "intervention:<edit>",
           "qkv", "qkv_edit", "parallel:<site>")
@@ -281,3 +285,17 @@ def reason(arch: str, check: str) -> str | None:
     family = check.split(":", 1)[0] + ":*"
     return EXPECTED.get((arch, check)) or EXPECTED.get((arch, family)) \
         or EXPECTED.get((arch, "*"))
+
+
+def cases(check: str, archs: Sequence[str], kinds: Sequence[str] | None = None) -> list:
+    """The pytest parameters of one check: ``arch`` (or ``(arch, kind)`` per kind, checked as
+    ``check:kind``), each a strict xfail with its reason where this table expects a failure."""
+    out = []
+    for kind in kinds if kinds is not None else [None]:
+        for arch in archs:
+            name = check if kind is None else f"{check}:{kind}"
+            why = reason(arch, name)
+            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+            values, ident = ((arch,), arch) if kind is None else ((arch, kind), f"{kind}-{arch}")
+            out.append(pytest.param(*values, marks=marks, id=ident))
+    return out

@@ -17,22 +17,13 @@ ARCHS = builder.registered()
 TOL = 1e-4
 
 
-def cases(check: str) -> list:
-    out = []
-    for arch in ARCHS:
-        why = expected.reason(arch, check)
-        marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-        out.append(pytest.param(arch, marks=marks, id=arch))
-    return out
-
-
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """Max abs difference relative to the reference's largest magnitude (at least 1): logits
     of tens agree to float32 rounding, ~1e-6 of their size."""
     return ((a.double() - b.double()).abs().max() / b.abs().max().clamp_min(1.0)).item()
 
 
-@pytest.mark.parametrize("arch", cases("logits"))
+@pytest.mark.parametrize("arch", expected.cases("logits", ARCHS))
 def test_logits_hf_folder(suite, arch, record_property):
     m = suite.get(arch)
     with torch.no_grad():
@@ -41,7 +32,7 @@ def test_logits_hf_folder(suite, arch, record_property):
     assert rel(got, m.logits) <= TOL
 
 
-@pytest.mark.parametrize("arch", cases("wrap"))
+@pytest.mark.parametrize("arch", expected.cases("wrap", ARCHS))
 def test_logits_wrap(suite, arch, record_property):
     import transformers
 
@@ -57,7 +48,7 @@ def test_logits_wrap(suite, arch, record_property):
     assert rel(got, m.logits) <= TOL
 
 
-@pytest.mark.parametrize("arch", cases("unembed"))
+@pytest.mark.parametrize("arch", expected.cases("unembed", ARCHS))
 def test_engine_unembed_equals_logits(suite, arch, record_property):
     """mechsink.model.unembed of the last block's output is the model's own logits (final
     soft-cap and logit scale included)."""
@@ -72,7 +63,7 @@ def test_engine_unembed_equals_logits(suite, arch, record_property):
     assert rel(got, m.logits) <= TOL
 
 
-@pytest.mark.parametrize("arch", cases("start_at_layer"))
+@pytest.mark.parametrize("arch", expected.cases("start_at_layer", ARCHS))
 def test_run_from_layer_uses_the_residual(suite, arch, record_property):
     """run_from_layer(resid_pre[1], 1) gives the logits, and a changed residual changes them."""
     from mechsink.model import act_name, run_from_layer
@@ -89,7 +80,7 @@ def test_run_from_layer_uses_the_residual(suite, arch, record_property):
     assert rel(other, m.logits.flip(0)) <= TOL
 
 
-@pytest.mark.parametrize("arch", cases("census"))
+@pytest.mark.parametrize("arch", expected.cases("census", ARCHS))
 def test_census_equals_hand_computation(suite, arch, record_property):
     """Sink scores from transformers' eager attentions; first-token norm ratios and the largest
     residual magnitudes from its hidden states (blocks before the last: transformers' last
@@ -127,17 +118,7 @@ def _corrupted(tokens: torch.Tensor) -> torch.Tensor:
     return c
 
 
-def site_cases() -> list:
-    out = []
-    for site in SITES:
-        for arch in ARCHS:
-            why = expected.reason(arch, f"activation:{site}")
-            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-            out.append(pytest.param(arch, site, marks=marks, id=f"{site}-{arch}"))
-    return out
-
-
-@pytest.mark.parametrize(("arch", "site"), site_cases())
+@pytest.mark.parametrize(("arch", "site"), expected.cases("activation", ARCHS, SITES))
 def test_activation_patching_equals_transformer_lens(suite, arch, site, record_property):
     """mechsink's batched engine against transformer_lens.patching (one forward per patch)."""
     import transformer_lens.patching as tlp
@@ -155,7 +136,7 @@ def test_activation_patching_equals_transformer_lens(suite, arch, site, record_p
     assert rel(got.values, ref) <= TOL
 
 
-@pytest.mark.parametrize("arch", cases("logit_metric"))
+@pytest.mark.parametrize("arch", expected.cases("logit_metric", ARCHS))
 def test_builtin_logit_metric_equals_plain_callable(suite, arch, record_property):
     """LogitDiff (the engine unembeds the read positions itself) equals the same difference of
     the model's own logits, per patch."""

@@ -31,16 +31,6 @@ HOOKS = {"resid_pre": "hook_resid_pre", "resid_post": "hook_resid_post",
 NEURON = 3  # the one neuron patched per layer (L<layer>N3): every neuron would be 256 forwards
 
 
-def _cases() -> list:
-    out = []
-    for site in SITES:
-        for arch in PARALLEL:
-            why = expected.reason(arch, f"parallel:{site}")
-            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-            out.append(pytest.param(arch, site, marks=marks, id=f"{site}-{arch}"))
-    return out
-
-
 def _units(model: Any, site: str) -> list[int | None]:
     from mechsink.model import n_kv_heads
 
@@ -80,7 +70,7 @@ def by_hand(model: Any, clean: torch.Tensor, corrupted: torch.Tensor, site: str
     return out[:, 0] if _units(model, site) == [None] else out
 
 
-@pytest.mark.parametrize(("arch", "site"), _cases())
+@pytest.mark.parametrize(("arch", "site"), expected.cases("parallel", PARALLEL, SITES))
 def test_parallel_block_sites_equal_plain_hooks(suite, arch, site, record_property):
     """activation_patch at every site kind of a parallel block equals the plain-hook patch;
     resid_mid is refused with the reason (by patching and by ablate); and the patches do

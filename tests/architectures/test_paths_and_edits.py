@@ -36,16 +36,6 @@ def receiver_of(model: Any, kind: str) -> tuple[str, tuple[str, int, int] | None
     return f"L1KV{kv}.{kind}", (f"attn.hook_{kind}", 1, kv)
 
 
-def param_cases(check: str, kinds: tuple[str, ...]) -> list:
-    out = []
-    for kind in kinds:
-        for arch in ARCHS:
-            why = expected.reason(arch, f"{check}:{kind}")
-            marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-            out.append(pytest.param(arch, kind, marks=marks, id=f"{kind}-{arch}"))
-    return out
-
-
 _HAND: dict[tuple[str, str], tuple[float, float]] = {}
 
 
@@ -60,7 +50,7 @@ def hand(m: Any, kind: str) -> tuple[float, float]:
     return _HAND[key]
 
 
-@pytest.mark.parametrize(("arch", "kind"), param_cases("path", RECEIVERS))
+@pytest.mark.parametrize(("arch", "kind"), expected.cases("path", ARCHS, RECEIVERS))
 def test_path_patching_equals_hand_reference(suite, arch, kind, record_property):
     """path_patch(L0H1 -> receiver) equals the two-step hand reference."""
     from mechsink.patching import path_patch
@@ -78,7 +68,7 @@ def test_path_patching_equals_hand_reference(suite, arch, kind, record_property)
 _RUNS: dict[str, Any] = {}
 
 
-@pytest.mark.parametrize(("arch", "kind"), param_cases("discovery", RECEIVERS))
+@pytest.mark.parametrize(("arch", "kind"), expected.cases("discovery", ARCHS, RECEIVERS))
 def test_exact_edges_equal_path_patching(suite, arch, kind, record_property):
     """mechsink.discover's exact score of edge L0H1 -> receiver, plus the clean value, equals
     the hand path-patching reference of the same edge."""
@@ -143,7 +133,7 @@ def _edited_logits(m: Any, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
     return got, want
 
 
-@pytest.mark.parametrize(("arch", "kind"), param_cases("intervention", EDITS))
+@pytest.mark.parametrize(("arch", "kind"), expected.cases("intervention", ARCHS, EDITS))
 def test_interventions_equal_hand_edits(suite, arch, kind, record_property):
     """ablate (zero a head), attend_only_to_self (a mask edit) and scale_tokens equal the same
     edit made by hand; and each edit changes the logits (a no-op would pass otherwise)."""

@@ -148,16 +148,7 @@ def qkv_pairs(m: Any) -> list[tuple[str, Tensor, Tensor]]:
     return pairs
 
 
-def _cases(check: str) -> list:
-    out = []
-    for arch in ARCHS:
-        why = expected.reason(arch, check)
-        marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-        out.append(pytest.param(arch, marks=marks, id=arch))
-    return out
-
-
-@pytest.mark.parametrize("arch", _cases("qkv"))
+@pytest.mark.parametrize("arch", expected.cases("qkv", ARCHS))
 def test_qkv_equal_transformers(suite, arch, record_property):
     """hook_q/k/v (before rotary; unless a q/k norm sits between) and hook_rot_q/k (after)
     equal transformers' own vectors,
@@ -182,7 +173,7 @@ def test_qkv_equal_transformers(suite, arch, record_property):
         assert rel(got, want) <= TOL
 
 
-@pytest.mark.parametrize("arch", _cases("qkv_edit"))
+@pytest.mark.parametrize("arch", expected.cases("qkv_edit", ARCHS))
 def test_rotated_key_edit_equals_transformers(suite, arch, record_property):
     """Scaling the rotated key at position 0 in block 1 by 10 (hook_rot_k; hook_k on a model without
     rotary) gives transformers' logits with the same edit on the key its attention uses."""
