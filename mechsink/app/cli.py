@@ -502,6 +502,28 @@ def _check_no_empty_prompt(clean: list[str] | None, corrupted: list[str] | None)
                                 "--clean out for --n natural prompts of --seq-len tokens).")
 
 
+
+def _check_discover_choices(method: str, clean: list[str] | None, corrupted: list[str] | None,
+                            ablation: str, curves: str, ig: str, select: str) -> list[str]:
+    """discover's choices checked before any model loads; returns the curves' extra ablations."""
+    from mechsink.discover import METHODS
+    from mechsink.interventions.ablation import KINDS
+
+    if method not in METHODS:
+        raise MechsinkError(f"--method must be one of {', '.join(METHODS)}, got {method!r}.")
+    extra = [a for a in curves.split(",") if a.strip()]
+    for a in ([] if corrupted else [ablation]) + extra:
+        if a not in KINDS:
+            raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
+    if corrupted and len(corrupted) != len(clean or []):
+        raise MechsinkError("give one --corrupted prompt per --clean prompt.")
+    for flag, value, allowed in (("--ig", ig, ("inputs", "activations")),
+                                 ("--select", select, ("top", "greedy"))):
+        if value not in allowed:
+            raise MechsinkError(f"{flag} must be {' or '.join(allowed)}, got {value!r}.")
+    return extra
+
+
 @app.command()
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
@@ -541,29 +563,16 @@ def discover(
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
-    from mechsink.discover import METHODS
     from mechsink.discover import discover as run_discovery
     from mechsink.discover.graph import parse_neurons
     from mechsink.discover.pipeline import check_selection
-    from mechsink.interventions.ablation import KINDS
     from mechsink.io import check_writable
     from mechsink.model import load_model
     from mechsink.patching import parse_metric
     from mechsink.viz.discover import draw_discovery
 
     try:  # every check that needs no model, before loading one
-        if method not in METHODS:
-            raise MechsinkError(f"--method must be one of {', '.join(METHODS)}, got {method!r}.")
-        extra = [a for a in curves.split(",") if a.strip()]
-        for a in ([] if corrupted else [ablation]) + extra:
-            if a not in KINDS:
-                raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
-        if corrupted and len(corrupted) != len(clean or []):
-            raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-        for flag, value, allowed in (("--ig", ig, ("inputs", "activations")),
-                                     ("--select", select, ("top", "greedy"))):
-            if value not in allowed:
-                raise MechsinkError(f"{flag} must be {' or '.join(allowed)}, got {value!r}.")
+        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select)
         pos = None if positions in (None, "all") else list(parse_layers(positions,
                                                                         "--positions") or ())
         if metric.strip() != "logit_diff":
