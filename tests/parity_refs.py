@@ -3,7 +3,10 @@ layer's input and output (read by torch hooks), and transformers' own load of a 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,17 +22,22 @@ def decoder_residuals(hf_model, tokens) -> tuple[torch.Tensor, list[tuple[str, t
     def grab_out(module, args, output):
         seen.append(("out", (output[0] if isinstance(output, tuple) else output).detach().clone()))
 
-    handles = [h for layer in layers for h in (
-        layer.register_forward_pre_hook(grab_in, with_kwargs=True),
-        layer.register_forward_hook(grab_out),
-    )]
+    with torch_hooks(*(h for layer in layers for h in (
+            layer.register_forward_pre_hook(grab_in, with_kwargs=True),
+            layer.register_forward_hook(grab_out)))), torch.no_grad():
+        logits = hf_model(tokens).logits
+    return logits, seen
+
+
+@contextmanager
+def torch_hooks(*handles: Any) -> Iterator[None]:
+    """Keep the given torch hook handles for the ``with`` body and remove them after, also when
+    the body raises: the plain transformers model is left as it was."""
     try:
-        with torch.no_grad():
-            logits = hf_model(tokens).logits
+        yield
     finally:
         for handle in handles:
             handle.remove()
-    return logits, seen
 
 
 def transformers_gguf_load(gguf: Path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from parity_refs import torch_hooks
 
 from mechsink.measure import SuperNeuronSets, super_neuron_sets
 
@@ -149,14 +150,10 @@ def _hf_write(hf, tokens, zero: list[int]) -> torch.Tensor:
     def post(module, args, out):
         seen["out"] = out[:, 0, GEMMA_CHANNEL].detach().double()
 
-    handles = [layer.mlp.down_proj.register_forward_pre_hook(pre),
-               layer.post_feedforward_layernorm.register_forward_hook(post)]
-    try:
-        with torch.no_grad():
-            hf(tokens)
-    finally:
-        for h in handles:
-            h.remove()
+    with torch_hooks(layer.mlp.down_proj.register_forward_pre_hook(pre),
+                     layer.post_feedforward_layernorm.register_forward_hook(post)), \
+            torch.no_grad():
+        hf(tokens)
     return seen["out"]
 
 
@@ -189,10 +186,9 @@ def test_sets_after_a_post_mlp_norm_are_of_the_residual_write(arch):
     def keep(module, args, out):
         acts["post"] = args[0][:, 0].detach().double()
 
-    h = ref.model.layers[0].mlp.down_proj.register_forward_hook(keep)
-    with torch.no_grad():
+    with torch_hooks(ref.model.layers[0].mlp.down_proj.register_forward_hook(keep)), \
+            torch.no_grad():
         ref(tokens)
-    h.remove()
     contrib = (acts["post"] * ref.model.layers[0].mlp.down_proj.weight[GEMMA_CHANNEL].double()
                ).mean(0).detach().numpy()
     assert int(np.argmax(np.sign(contrib.sum()) * contrib)) == GEMMA_LOUD

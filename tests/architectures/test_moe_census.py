@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.architectures.builder import build_model
+from tests.parity_refs import torch_hooks
 
 LAYER, EXPERT, NEURON, CHANNEL = 1, 2, 5, 11  # the planted super neuron
 ARCHS = ("MixtralForCausalLM", "Qwen3MoeForCausalLM")
@@ -37,15 +38,10 @@ def _reference(hf, tokens):
     """transformers' own forward: per block the sparse block's input, its router's choice
     (the model's gate module) and each routed expert's down-projection input by hand."""
     inputs = {}
-    handles = [layer.mlp.register_forward_hook(
-        lambda mod, args, out, i=i: inputs.__setitem__(i, args[0].detach()))
-        for i, layer in enumerate(hf.model.layers)]
-    try:
-        with torch.no_grad():
-            hf(tokens)
-    finally:
-        for h in handles:
-            h.remove()
+    with torch_hooks(*(layer.mlp.register_forward_hook(
+            lambda mod, args, out, i=i: inputs.__setitem__(i, args[0].detach()))
+            for i, layer in enumerate(hf.model.layers))), torch.no_grad():
+        hf(tokens)
     out = {}
     for i, layer in enumerate(hf.model.layers):
         x = inputs[i].reshape(-1, inputs[i].shape[-1])
