@@ -149,32 +149,8 @@ EXPECTED: dict[tuple[str, str], str] = {
         'KeyError: "Hook name \'blocks.1.hook_resid_pre\' does not exist on this model."',
     ('DeepseekV4ForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\', \'blocks.0.hook_mlp_out\', \'blocks.1.hook_mlp_out\'] matched no hook p',
-    ('Exaone4ForCausalLM', 'discovery:k'):
-        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:q'):
-        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:v'):
-        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:k'):
-        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:metric'):
-        "exact edge 2e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:v'):
-        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('GPTJForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Gemma2ForCausalLM', 'discovery:v'):
-        'exact edge off path patching (discover/run.py, not diagnosed)',
-    ('Glm4ForCausalLM', 'discovery:k'):
-        "exact edge 1e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:metric'):
-        "exact edge 5e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:q'):
-        "exact edge 2e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:v'):
-        "exact edge 1e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('GptOssForCausalLM', 'intervention:mask'):
         "GPT-OSS's learned sink logit keeps its share under a mask: a one-hot pattern (attend_only_to_self) is not the mask edit (0.38 off)",
     ('JetMoeForCausalLM', 'discovery:*'):
@@ -201,22 +177,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OPTForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Olmo2ForCausalLM', 'discovery:k'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:q'):
-        "exact edge 4e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:v'):
-        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:k'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:q'):
-        "exact edge 9e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:v'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('OlmoHybridForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OlmoHybridForCausalLM', 'intervention:ablate'):
