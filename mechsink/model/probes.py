@@ -39,6 +39,16 @@ class Capabilities:
     unembed_diff: float
     batch_growth: frozenset[str] = frozenset()  # hooks where copies may join the batch
     hooks_everywhere: frozenset[str] = frozenset()  # suffixes that fire in every block
+    #: largest gap between a block's output and its input plus its attention and MLP outputs,
+    #: relative to the output's size (nan: the hooks to tell do not fire)
+    residual_diff: float = float("nan")
+
+    @property
+    def residual_additive(self) -> bool:
+        """Each block adds its attention and MLP outputs to the residual stream and nothing
+        else (False for post-LN blocks, which normalise the residual itself; True when the
+        hooks to tell do not fire)."""
+        return not self.residual_diff > PROBE_TOL
 
     def fires_everywhere(self, suffix: str) -> bool:
         """Whether the per-block hook ``suffix`` fires in every block (a hybrid model's
@@ -101,7 +111,23 @@ def _probe(model: Any) -> Capabilities:
             start_diff = float("inf")
     growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
     return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
-                        start_diff, unembed_diff, growth, everywhere)
+                        start_diff, unembed_diff, growth, everywhere, _residual_gap(cache))
+
+
+def _residual_gap(cache: Any) -> float:
+    """max over blocks of ``|out - (resid_pre + attn_out + mlp_out)| / max |out|``, ``out``
+    the next block's ``hook_resid_pre`` (the last block's ``hook_resid_post``); nan when no
+    block has the hooks."""
+    gaps, layer = [], 0
+    while f"blocks.{layer}.hook_resid_pre" in cache.keys():
+        here = [f"blocks.{layer}.{s}" for s in ("hook_resid_pre", "hook_attn_out",
+                                                "hook_mlp_out")]
+        out = next((n for n in (f"blocks.{layer + 1}.hook_resid_pre",
+                                f"blocks.{layer}.hook_resid_post") if n in cache.keys()), None)
+        if out is not None and all(n in cache.keys() for n in here):
+            gaps.append(_rel(cache[here[0]] + cache[here[1]] + cache[here[2]], cache[out]))
+        layer += 1
+    return max(gaps) if gaps else float("nan")
 
 
 GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
