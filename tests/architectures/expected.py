@@ -133,12 +133,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         "the tiny Zamba2ForCausalLM could not be built: TypeError: 'NoneType' object is not iterable",
     ('AfmoeForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('BloomForCausalLM', 'discovery:k'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
-    ('BloomForCausalLM', 'discovery:q'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
-    ('BloomForCausalLM', 'discovery:v'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
     ('DeepseekV4ForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('DeepseekV4ForCausalLM', 'intervention:ablate'):
@@ -167,12 +161,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('ModernBertDecoderForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('MptForCausalLM', 'discovery:k'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
-    ('MptForCausalLM', 'discovery:q'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
-    ('MptForCausalLM', 'discovery:v'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
     ('NanoChatForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OPTForCausalLM', 'discovery:*'):
