@@ -10,6 +10,7 @@ short forward each (2 sequences of 3 tokens) and are cached per model.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -164,3 +165,85 @@ def capabilities(model: Any) -> Capabilities:
     except TypeError:  # not weak-referenceable: probe again next time
         pass
     return found
+
+
+_SPLIT: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def split_inputs_problem(model: Any) -> str | None:
+    """What is wrong with the model's per-head query/key/value inputs (``use_split_qkv_input``:
+    ``blocks.<l>.attn.hook_q/k/v_input``, ``[batch, pos, head, d_model]``), or None when they
+    work: the switch turns on, the hooks fire holding the residual stream entering the block
+    (each head's copy equal to ``hook_resid_pre``, normalised after the hook), and an edit of
+    one head's copy changes the logits. Edge discovery's receivers read there; a bridge that
+    never fires them (MPT's, before :mod:`mechsink.model.patches.alibi_qkv_fork`) drops every
+    edit, one that forks the normalised input (Bloom's, before
+    :mod:`mechsink.model.patches.bloom_block_inputs`) skips the norm. Probed once per model
+    (four forwards of :func:`probe_tokens`), the switch restored."""
+    try:
+        return _SPLIT[model]
+    except (KeyError, TypeError):
+        pass
+    found = _split_problem(model)
+    try:
+        _SPLIT[model] = found
+    except TypeError:
+        pass
+    return found
+
+
+@torch.no_grad()
+def _split_problem(model: Any) -> str | None:
+    last = int(model.cfg.n_layers) - 1
+    names = {x: f"blocks.{last}.attn.hook_{x}_input" for x in "qkv"}
+    resid = f"blocks.{last}.hook_resid_pre"
+    if any(n not in model.hook_dict for n in names.values()):
+        return "are not declared (no blocks.<l>.attn.hook_q/k/v_input)"
+    before = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    try:
+        model.set_use_split_qkv_input(True)
+    except Exception as exc:  # noqa: BLE001 - any failure: the switch does not work here
+        found = re.search(r"Found attention classes: (\[[^\]]*\])", str(exc))
+        why = f"TransformerLens supports them on none of {found.group(1)}" if found else \
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+        return f"cannot be switched on (use_split_qkv_input; {why})"
+    try:
+        return _split_checks(model, names, resid)
+    except Exception as exc:  # noqa: BLE001 - a forward that fails with them on
+        return f"make the forward fail ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
+    finally:
+        model.set_use_split_qkv_input(before)
+
+
+def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
+    tokens = probe_tokens(model)
+    seen: dict[str, torch.Tensor] = {}
+
+    def recorder(name: str) -> Any:  # keyed by the name asked for (a hook may be an alias)
+        def record(act: torch.Tensor, hook: Any) -> None:
+            seen[name] = act.detach().clone()
+        return record
+
+    hooks = [(n, recorder(n)) for n in (*names.values(), resid) if n in model.hook_dict]
+    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    for x, name in names.items():
+        if name not in seen:
+            return f"never fire (blocks.<l>.attn.hook_{x}_input)"
+        if resid in seen and _rel(seen[name], seen[resid].unsqueeze(2).expand_as(
+                seen[name])) > PROBE_TOL:
+            return (f"do not hold the residual stream entering the block (hook_{x}_input "
+                    "differs from hook_resid_pre: the input forked after the block's norm?)")
+    gen = torch.Generator().manual_seed(0)
+    for x, name in names.items():
+        act = seen[name]
+        push = torch.randn(act.shape[-1], generator=gen).to(act)
+        push = push / push.norm() * act.norm(dim=-1).max()
+
+        def edit(a: torch.Tensor, hook: Any, push: torch.Tensor = push) -> torch.Tensor:
+            out = a.clone()
+            out[:, :, 0] = out[:, :, 0] + push
+            return out
+
+        if _rel(model.run_with_hooks(tokens, fwd_hooks=[(name, edit)]), logits) <= PROBE_TOL:
+            return f"ignore edits (an edit of hook_{x}_input leaves the logits unchanged)"
+    return None

@@ -19,7 +19,9 @@ What each entry point needs (:data:`NEEDS`):
   ``attn.hook_z`` in every block and, for the census and discovery, the per-head output
   weights ``W_O`` (JetMoE's mixture of attention experts has neither);
 - edge discovery: a residual stream that is the sum of the blocks' writes (post-LN blocks,
-  the original GPT's, normalise the residual itself: refused).
+  the original GPT's, normalise the residual itself: refused), and per-head query/key/value
+  inputs that hold that residual and whose edits reach the attention
+  (:func:`~mechsink.model.probes.split_inputs_problem`).
 
 Shortcuts that a probe found inexact (a ``start_at_layer`` that ignores its residual, batch
 growth mid-forward) are not refusals: the engine falls back to exact runs for them.
@@ -32,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mechsink.errors import BadInputError
-from mechsink.model.probes import Capabilities, capabilities
+from mechsink.model.probes import Capabilities, capabilities, split_inputs_problem
 from mechsink.model.weights import head_output_weights
 
 Need = Callable[[Any, Capabilities], "str | None"]  # None: met; else "missing; fix"
@@ -107,13 +109,25 @@ def _additive_residual(model: Any, caps: Capabilities) -> str | None:
             "(not implemented)")
 
 
+def _split_inputs(model: Any, caps: Capabilities) -> str | None:
+    problem = split_inputs_problem(model)
+    if problem is None:
+        return None
+    return (f"its bridge's per-head query/key/value inputs {problem}, and edge discovery gives "
+            "each receiving head its own copy of the residual stream there; path patching "
+            "(mechsink.patching.path_patch) measures edges without them, and discovery would "
+            "work with a TransformerLens bridge whose attention forks its input per head "
+            "(use_split_qkv_input)")
+
+
 #: entry point -> what it needs, checked in this order (the first unmet need is the refusal)
 NEEDS: dict[str, tuple[Need, ...]] = {
     "census": (_attention, _output_weights),
     "patch": (_attention, _residual),
     "attribution": (_attention, _residual),
     "path": (_attention, _residual, _head_outputs),
-    "discover": (_attention, _residual, _head_outputs, _output_weights, _additive_residual),
+    "discover": (_attention, _residual, _head_outputs, _output_weights, _additive_residual,
+                 _split_inputs),
     "interventions": (_attention,),
 }
 
