@@ -97,6 +97,39 @@ def test_exact_edges_equal_path_patching(suite, arch, kind, record_property):
     assert diff <= TOL
 
 
+def _refused(arch: str) -> bool:
+    why = expected.reason(arch, "discovery:metric") or ""
+    return why.startswith(f"BadInputError: {arch} is not supported by mechsink's discover: ")
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHS if _refused(a)])
+def test_discovery_refusal_is_one_line_before_any_forward(suite, arch):
+    """Where the table expects discovery to be refused, GraphRun raises the one-line
+    BadInputError it records (architecture, what is missing, what would make it work; the
+    table keeps its first characters), before any forward beyond the cached probes."""
+    from mechsink.discover import GraphRun
+    from mechsink.errors import BadInputError
+    from mechsink.model.support import refusal
+
+    m = suite.get(arch)
+    clean = m.tokens[:1]
+    refusal(m.bridge, "discover")  # the probes run here, once
+    forwards: list[int] = []
+    handles = [b.register_forward_pre_hook(lambda *a: forwards.append(1))
+               for b in m.bridge.blocks]
+    try:
+        with pytest.raises(BadInputError) as err:
+            GraphRun(m.bridge, clean, _logit_metric, corrupted=_corrupted(clean))
+    finally:
+        for handle in handles:
+            handle.remove()
+    line = str(err.value)
+    why = expected.reason(arch, "discovery:metric") or ""
+    assert "\n" not in line and f"BadInputError: {line}".startswith(why)
+    assert "would work" in line or "mechsink applies to" in line
+    assert forwards == []
+
+
 EDITS = ("ablate", "mask", "scale")
 
 
