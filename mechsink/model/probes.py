@@ -174,12 +174,14 @@ def split_inputs_problem(model: Any) -> str | None:
     """What is wrong with the model's per-head query/key/value inputs (``use_split_qkv_input``:
     ``blocks.<l>.attn.hook_q/k/v_input``, ``[batch, pos, head, d_model]``), or None when they
     work: the switch turns on, the hooks fire holding the residual stream entering the block
-    (each head's copy equal to ``hook_resid_pre``, normalised after the hook), and an edit of
-    one head's copy changes the logits. Edge discovery's receivers read there; a bridge that
-    never fires them (MPT's, before :mod:`mechsink.model.patches.alibi_qkv_fork`) drops every
-    edit, one that forks the normalised input (Bloom's, before
+    (each head's copy equal to ``hook_resid_pre``, normalised after the hook), and a vector
+    added to every head's copy gives the same ``hook_q/k/v`` as the same vector added to the
+    residual stream (a check that holds whatever the weights). Edge discovery's receivers
+    read there; a bridge that never fires them (MPT's, before
+    :mod:`mechsink.model.patches.alibi_qkv_fork`) drops every edit, one that forks the
+    normalised input (Bloom's, before
     :mod:`mechsink.model.patches.bloom_block_inputs`) skips the norm. Probed once per model
-    (four forwards of :func:`probe_tokens`), the switch restored."""
+    (at most five forwards of :func:`probe_tokens`), the switch restored."""
     try:
         return _SPLIT[model]
     except (KeyError, TypeError):
@@ -225,7 +227,7 @@ def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
         return record
 
     hooks = [(n, recorder(n)) for n in (*names.values(), resid) if n in model.hook_dict]
-    logits = model.run_with_hooks(tokens, fwd_hooks=hooks)
+    model.run_with_hooks(tokens, fwd_hooks=hooks)
     for x, name in names.items():
         if name not in seen:
             return f"never fire (blocks.<l>.attn.hook_{x}_input)"
@@ -233,17 +235,23 @@ def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
                 seen[name])) > PROBE_TOL:
             return (f"do not hold the residual stream entering the block (hook_{x}_input "
                     "differs from hook_resid_pre: the input forked after the block's norm?)")
+    # the same push on every head's copy and on the residual itself gives the same q/k/v
+    # (whatever the weights: a head whose query weights are 0 ignores both alike)
+    if resid not in seen:
+        return None
+    act = seen[names["q"]]
     gen = torch.Generator().manual_seed(0)
+    push = torch.randn(act.shape[-1], generator=gen).to(act)
+    push = push / push.norm() * act.norm(dim=-1).max()
+    outs = {x: name.replace("_input", "") for x, name in names.items()}
+    hooks = [(o, recorder("want." + o)) for o in outs.values() if o in model.hook_dict]
+    model.run_with_hooks(tokens, fwd_hooks=[(resid, lambda a, hook: a + push), *hooks])
     for x, name in names.items():
-        act = seen[name]
-        push = torch.randn(act.shape[-1], generator=gen).to(act)
-        push = push / push.norm() * act.norm(dim=-1).max()
-
-        def edit(a: torch.Tensor, hook: Any, push: torch.Tensor = push) -> torch.Tensor:
-            out = a.clone()
-            out[:, :, 0] = out[:, :, 0] + push
-            return out
-
-        if _rel(model.run_with_hooks(tokens, fwd_hooks=[(name, edit)]), logits) <= PROBE_TOL:
-            return f"ignore edits (an edit of hook_{x}_input leaves the logits unchanged)"
+        if "want." + outs[x] not in seen:
+            continue  # hook_q/k/v do not fire: nothing to compare with
+        model.run_with_hooks(tokens, fwd_hooks=[(name, lambda a, hook: a + push),
+                                                (outs[x], recorder("got." + outs[x]))])
+        if _rel(seen["got." + outs[x]], seen["want." + outs[x]]) > PROBE_TOL:
+            return (f"ignore edits (an edit of hook_{x}_input does not reach hook_{x} as the "
+                    "same edit of the residual stream does)")
     return None
