@@ -132,3 +132,17 @@ def test_a_post_ln_residual_is_refused_by_discovery_only(tiny):
     check_supported(model, "path")  # no error
     llama, _ = tiny("LlamaForCausalLM")
     assert capabilities(llama).residual_diff <= 1e-6
+
+
+def test_neuron_senders_are_refused_where_the_mlp_output_is_normalised(tiny):
+    """OLMo 2 normalises the MLP's output (ln2_post): a neuron's share of the down projection
+    is not its share of the write, so neuron senders are refused in one line."""
+    from mechsink.discover import GraphRun
+    from mechsink.errors import BadInputError
+
+    model, _ = tiny("Olmo2ForCausalLM")
+    clean, corrupted = _tokens()
+    with pytest.raises(BadInputError) as err:
+        GraphRun(model, clean, _metric, corrupted=corrupted, neurons={0: [1, 2]})
+    line = str(err.value)
+    assert "\n" not in line and line.startswith("Olmo2ForCausalLM normalises each MLP's output")

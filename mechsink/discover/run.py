@@ -21,7 +21,9 @@ Neuron senders (``neurons={11: [1229, 1487]}``): neuron ``n`` of MLP ``L`` write
 ``post_n * W_out[n]`` (``mlp.hook_post`` times its row of the down projection) and the MLP's
 own sender writes the rest, ``mlp_out - sum_n post_n W_out[n]``, so the senders of a block
 still add up to its write exactly. ``neurons="super"``: the census's complete super-neuron
-sets (:mod:`mechsink.discover.super_nodes`).
+sets (:mod:`mechsink.discover.super_nodes`). Not on models that normalise the MLP's output
+before the residual add (``ln2_post``: OLMo 2, Gemma 2/3): a neuron's share of the down
+projection is not its share of the write there, and such a request is refused in one line.
 
 Models with a norm after attention (OLMo 2's and Gemma 2's sandwich norms, GLM-4, EXAONE 4)
 write ``norm(sum of heads)``. For the runs with edge coefficients (EAP's gradients, circuits'
@@ -51,7 +53,7 @@ from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, down_projection, hook_names, write_in_place
-from mechsink.model.support import check_supported
+from mechsink.model.support import architecture, check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
@@ -156,6 +158,13 @@ class GraphRun:
         self.model = model
         self.ablation = abl
         self.memory_budget = memory_budget
+        if neurons and act_name("ln2_post.hook_scale", 0) in hook_names(model):
+            raise BadInputError(
+                f"{architecture(model)} normalises each MLP's output before it joins the "
+                "residual stream (blocks.<l>.ln2_post), so a neuron's share of the down "
+                "projection is not its share of the MLP's write: neuron senders are not "
+                "supported on it (they would need that norm recomputed per neuron); use the "
+                "MLP senders (neurons=None).")
         prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="GraphRun")
         tokens = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
         batch, seq_len = tokens.shape
