@@ -41,15 +41,17 @@ class Capabilities:
     batch_growth: frozenset[str] = frozenset()  # hooks where copies may join the batch
     hooks_everywhere: frozenset[str] = frozenset()  # suffixes that fire in every block
     #: largest gap between a block's output and its input plus its attention and MLP outputs,
-    #: relative to the output's size (nan: the hooks to tell do not fire)
+    #: relative to the output's size (nan: the hooks to tell do not fire), and the gap the
+    #: model's dtype allows for rounding (a half-precision sum is ~1e-3 off)
     residual_diff: float = float("nan")
+    residual_tol: float = PROBE_TOL
 
     @property
     def residual_additive(self) -> bool:
         """Each block adds its attention and MLP outputs to the residual stream and nothing
-        else (False for post-LN blocks, which normalise the residual itself; True when the
-        hooks to tell do not fire)."""
-        return not self.residual_diff > PROBE_TOL
+        else (False for post-LN blocks, which normalise the residual itself: a gap of order
+        1; True when the hooks to tell do not fire)."""
+        return not self.residual_diff > self.residual_tol
 
     def fires_everywhere(self, suffix: str) -> bool:
         """Whether the per-block hook ``suffix`` fires in every block (a hybrid model's
@@ -112,7 +114,16 @@ def _probe(model: Any) -> Capabilities:
             start_diff = float("inf")
     growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
     return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
-                        start_diff, unembed_diff, growth, everywhere, _residual_gap(cache))
+                        start_diff, unembed_diff, growth, everywhere, _residual_gap(cache),
+                        _sum_tol(cache))
+
+
+def _sum_tol(cache: Any) -> float:
+    """The rounding a sum of the residual's dtype allows, relative (16 machine epsilons)."""
+    name = "blocks.0.hook_resid_pre"
+    if name not in cache.keys() or not cache[name].is_floating_point():
+        return PROBE_TOL
+    return max(PROBE_TOL, 16 * torch.finfo(cache[name].dtype).eps)
 
 
 def _residual_gap(cache: Any) -> float:
