@@ -146,3 +146,34 @@ def test_neuron_senders_are_refused_where_the_mlp_output_is_normalised(tiny):
         GraphRun(model, clean, _metric, corrupted=corrupted, neurons={0: [1, 2]})
     line = str(err.value)
     assert "\n" not in line and line.startswith("Olmo2ForCausalLM normalises each MLP's output")
+
+
+@pytest.mark.parametrize(("ablation", "positions"), [("zero", None), ("batch_mean", None),
+                                                     ("position_mean", [0])])
+def test_an_exact_edge_under_an_ablation_equals_path_patching_through_a_post_norm(
+        tiny, ablation, positions):
+    """Ablated senders on OLMo 2 (the post-attention norm recomputed from the ablated head's
+    result): the exact edge equals path patching's (itself checked against the hand
+    reference by the architecture suite) into the metric and into a value input."""
+    from mechsink.discover import GraphRun, exact_scores
+    from mechsink.patching import path_patch
+
+    model, _ = tiny("Olmo2ForCausalLM")
+    clean = torch.tensor(builder.PROBE)
+    run = GraphRun(model, clean, _metric, ablation=ablation, positions=positions)
+    g = run.graph
+    for kind, receiver in (("metric", "metric"), ("v", "L1KV0.v")):
+        e = next(e for e in range(g.n_edges)
+                 if (g.senders[int(g.src[e])].kind, g.senders[int(g.src[e])].layer,
+                     g.senders[int(g.src[e])].index) == ("head", 0, 1)
+                 and g.receivers[int(g.dst[e])].kind == kind
+                 and (kind == "metric" or (g.receivers[int(g.dst[e])].layer,
+                                           g.receivers[int(g.dst[e])].index) == (1, 0)))
+        got = float(exact_scores(run, edges=[e]).values[e]) + run.clean_value
+        sender = "L0H1" if positions is None else "L0H1@0"
+        want = float(path_patch(model, clean, None, [sender], [receiver], _metric,
+                                ablation=ablation).values[0])
+        assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), (kind, got, want)
+        # a head at position 0 reaches the last position's logits only through later reads
+        if kind == "v" or positions is None:
+            assert abs(want - run.clean_value) > 1e-3, (kind, "the edge does nothing")
