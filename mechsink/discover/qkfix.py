@@ -66,7 +66,7 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
     with torch.no_grad(), graph_mode(model):
         for lo in range(0, n_s, per):
             senders = list(range(lo, min(n_s, lo + per)))
-            add = run.delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
+            add = run.edge_delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
             got: dict[str, Tensor] = {}
 
             def patch(act: Tensor, hook: Any, add: Tensor = add) -> Tensor:

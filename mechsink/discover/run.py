@@ -21,13 +21,19 @@ Neuron senders (``neurons={11: [1229, 1487]}``): neuron ``n`` of MLP ``L`` write
 ``post_n * W_out[n]`` (``mlp.hook_post`` times its row of the down projection) and the MLP's
 own sender writes the rest, ``mlp_out - sum_n post_n W_out[n]``, so the senders of a block
 still add up to its write exactly. ``neurons="super"``: the census's complete super-neuron
-sets (:mod:`mechsink.discover.super_nodes`).
+sets (:mod:`mechsink.discover.super_nodes`). Not on models that normalise the MLP's output
+before the residual add (``ln2_post``: OLMo 2, Gemma 2/3): a neuron's share of the down
+projection is not its share of the write there, and such a request is refused in one line.
 
-Models with a norm after attention (Gemma's sandwich norms) write ``norm(sum of heads)``: a
-head's write is then its share with the norm's scale taken from the run (``g * result_h /
-scale``), which adds up to the block's write exactly; a corrupted head's write uses the scale
-of the corrupted run. Edge patches on such models are exact for that decomposition, not for
-recomputing the norm.
+Models with a norm after attention (OLMo 2's and Gemma 2's sandwich norms, GLM-4, EXAONE 4)
+write ``norm(sum of heads)``. For the runs with edge coefficients (EAP's gradients, circuits'
+faithfulness) a head's write is its share with the norm's scale taken from the run (``g *
+result_h / scale``), which adds up to the block's write exactly (a corrupted head's write uses
+the scale of the corrupted run): a linearisation at the run's scale. Exact edge patches
+(:meth:`GraphRun.exact`, the QK fix) recompute the norm instead: head ``u`` alone corrupted
+changes its block's write by ``norm(R + result_u^corr - result_u) - norm(R)`` (``R`` the
+norm's input on the clean run), what path patching's frozen run gives (Wang et al. 2022,
+"Interpretability in the Wild"), so an exact edge equals path patching of the same edge.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, down_projection, hook_names, write_in_place
-from mechsink.model.support import check_supported
+from mechsink.model.support import architecture, check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
@@ -123,7 +129,8 @@ class GraphRun:
       ``memory_budget``;
     - ``clean``: the clean :class:`~mechsink.patching.engine.Run` (``clean.acts`` holds each
       graph layer's ``hook_resid_pre`` and ``hook_pattern``);
-    - ``delta`` ``[batch, pos, sender, d_model]``: each sender's corrupted minus clean write;
+    - ``delta`` ``[batch, pos, sender, d_model]``: each sender's corrupted minus clean write
+      (``edge_delta``: what one edge patched alone adds, the norm recomputed after attention);
     - :meth:`slots` (where receivers read, in forward order), :meth:`run_coeffs` (forwards
       with edge coefficients, gradients on request), :meth:`exact` (edges patched one at a
       time), :meth:`mask_values` (edges outside a circuit corrupted) and :attr:`empty_value`.
@@ -151,6 +158,13 @@ class GraphRun:
         self.model = model
         self.ablation = abl
         self.memory_budget = memory_budget
+        if neurons and act_name("ln2_post.hook_scale", 0) in hook_names(model):
+            raise BadInputError(
+                f"{architecture(model)} normalises each MLP's output before it joins the "
+                "residual stream (blocks.<l>.ln2_post), so a neuron's share of the down "
+                "projection is not its share of the MLP's write: neuron senders are not "
+                "supported on it (they would need that norm recomputed per neuron); use the "
+                "MLP senders (neurons=None).")
         prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="GraphRun")
         tokens = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
         batch, seq_len = tokens.shape
@@ -193,6 +207,10 @@ class GraphRun:
             self.w_corr: Float[Tensor, "batch pos sender d_model"] = torch.where(
                 where, w_corr, self.w_clean)
             self.delta = self.w_corr - self.w_clean
+            #: what an exact edge patch adds to its receiver's input: ``delta``, except that a
+            #: post-normed head's column recomputes its block's norm (:meth:`_edge_delta`)
+            self.edge_delta: Float[Tensor, "batch pos sender d_model"] = self._edge_delta(
+                self.clean.acts, None if s.corrupted is None else s.corrupted.acts)
         self.batch, self.seq_len = batch, seq_len
 
     @staticmethod
@@ -233,7 +251,39 @@ class GraphRun:
                 out.append(Sender("neuron", layer).hook)
             if self.post_norm:
                 out += [act_name(f"ln1_post.{x}", layer)
-                        for x in ("hook_scale", "hook_normalized", "hook_out")]
+                        for x in ("hook_in", "hook_scale", "hook_normalized", "hook_out")]
+        return out
+
+    def _edge_delta(self, clean: dict[str, Tensor], corrupted: dict[str, Tensor] | None
+                    ) -> Float[Tensor, "batch pos sender d_model"]:
+        """``delta`` with each head column of a post-normed block replaced by the change of the
+        block's write when that head alone is corrupted and the norm recomputed: ``norm(R +
+        dr_u) - norm(R)``, ``R`` the norm's input on the clean run (every head's result plus
+        the output bias), ``dr_u`` the head's corrupted minus clean result at the corrupted
+        positions. The norm is the model's own module (``blocks.<l>.ln1_post``), so its gain,
+        bias, epsilon and any offset are the model's."""
+        if not self.post_norm:
+            return self.delta
+        g, out = self.graph, self.delta.clone()
+        where = self.positions.to(self.delta.device).view(1, -1, 1, 1)
+        for layer in range(g.n_layers):
+            cols = [i for i, s in enumerate(g.senders) if s.kind == "head" and s.layer == layer]
+            if not cols:
+                continue
+            name = Sender("head", layer).write_hook
+            r_clean = clean[name]  # [batch, pos, head, d_model]
+            if corrupted is not None:
+                r_corr = corrupted[name]
+            else:
+                assert self.ablation is not None
+                r_corr = self.ablation.values(r_clean, self.positions)
+            dr = torch.where(where, r_corr - r_clean, torch.zeros_like(r_clean))
+            base = clean[act_name("ln1_post.hook_in", layer)]
+            norm = self.model.blocks[layer].ln1_post
+            at_base = norm(base)
+            for col in cols:
+                h = g.senders[col].index
+                out[:, :, col] = (norm(base + dr[:, :, h]) - at_base).to(out.dtype)
         return out
 
     def _norm_gains(self, acts: dict[str, Tensor]) -> dict[int, Tensor]:
@@ -377,7 +427,7 @@ class GraphRun:
             u, r = int(g.src[e]), g.receivers[int(g.dst[e])]
             for hook, head in g.sites(r):
                 per_hook.setdefault(hook, []).append((c, head, u))
-        delta = self.delta[:, first:]  # the patched runs compute positions ``first..``
+        delta = self.edge_delta[:, first:]  # the patched runs compute positions ``first..``
 
         def patch(items: list[tuple[int, int | None, int]]) -> HookFn:
             def hook(act: Tensor, hook: Any) -> Tensor:

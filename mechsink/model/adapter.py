@@ -26,7 +26,9 @@ from torch import Tensor, nn
 from mechsink.errors import BadInputError
 from mechsink.model.finite import check_finite_weights
 from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
+from mechsink.model.patches.alibi_qkv_fork import install_alibi_qkv_fork
 from mechsink.model.patches.attention_hooks import install_attention_hooks
+from mechsink.model.patches.bloom_block_inputs import install_bloom_block_inputs
 from mechsink.model.patches.offline import offline
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
@@ -65,6 +67,8 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
                 model.tokenizer = tokenizer
         if is_bridge(model):
             install_attention_hooks(model)
+            install_alibi_qkv_fork(model)
+            install_bloom_block_inputs(model)
         return model
     if is_hf_causal_lm(model):
         label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
@@ -110,6 +114,8 @@ def wrap_hf(
             logging.getLogger().setLevel(previous)
     use_variant_patterns(bridge)
     install_attention_hooks(bridge)
+    install_alibi_qkv_fork(bridge)
+    install_bloom_block_inputs(bridge)
     bridge.eval()
     return bridge
 

@@ -10,6 +10,7 @@ short forward each (2 sequences of 3 tokens) and are cached per model.
 
 from __future__ import annotations
 
+import re
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,18 @@ class Capabilities:
     unembed_diff: float
     batch_growth: frozenset[str] = frozenset()  # hooks where copies may join the batch
     hooks_everywhere: frozenset[str] = frozenset()  # suffixes that fire in every block
+    #: largest gap between a block's output and its input plus its attention and MLP outputs,
+    #: relative to the output's size (nan: the hooks to tell do not fire), and the gap the
+    #: model's dtype allows for rounding (a half-precision sum is ~1e-3 off)
+    residual_diff: float = float("nan")
+    residual_tol: float = PROBE_TOL
+
+    @property
+    def residual_additive(self) -> bool:
+        """Each block adds its attention and MLP outputs to the residual stream and nothing
+        else (False for post-LN blocks, which normalise the residual itself: a gap of order
+        1; True when the hooks to tell do not fire)."""
+        return not self.residual_diff > self.residual_tol
 
     def fires_everywhere(self, suffix: str) -> bool:
         """Whether the per-block hook ``suffix`` fires in every block (a hybrid model's
@@ -101,7 +114,32 @@ def _probe(model: Any) -> Capabilities:
             start_diff = float("inf")
     growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
     return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
-                        start_diff, unembed_diff, growth, everywhere)
+                        start_diff, unembed_diff, growth, everywhere, _residual_gap(cache),
+                        _sum_tol(cache))
+
+
+def _sum_tol(cache: Any) -> float:
+    """The rounding a sum of the residual's dtype allows, relative (16 machine epsilons)."""
+    name = "blocks.0.hook_resid_pre"
+    if name not in cache.keys() or not cache[name].is_floating_point():
+        return PROBE_TOL
+    return max(PROBE_TOL, 16 * torch.finfo(cache[name].dtype).eps)
+
+
+def _residual_gap(cache: Any) -> float:
+    """max over blocks of ``|out - (resid_pre + attn_out + mlp_out)| / max |out|``, ``out``
+    the next block's ``hook_resid_pre`` (the last block's ``hook_resid_post``); nan when no
+    block has the hooks."""
+    gaps, layer = [], 0
+    while f"blocks.{layer}.hook_resid_pre" in cache.keys():
+        here = [f"blocks.{layer}.{s}" for s in ("hook_resid_pre", "hook_attn_out",
+                                                "hook_mlp_out")]
+        out = next((n for n in (f"blocks.{layer + 1}.hook_resid_pre",
+                                f"blocks.{layer}.hook_resid_post") if n in cache.keys()), None)
+        if out is not None and all(n in cache.keys() for n in here):
+            gaps.append(_rel(cache[here[0]] + cache[here[1]] + cache[here[2]], cache[out]))
+        layer += 1
+    return max(gaps) if gaps else float("nan")
 
 
 GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
@@ -138,3 +176,93 @@ def capabilities(model: Any) -> Capabilities:
     except TypeError:  # not weak-referenceable: probe again next time
         pass
     return found
+
+
+_SPLIT: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def split_inputs_problem(model: Any) -> str | None:
+    """What is wrong with the model's per-head query/key/value inputs (``use_split_qkv_input``:
+    ``blocks.<l>.attn.hook_q/k/v_input``, ``[batch, pos, head, d_model]``), or None when they
+    work: the switch turns on, the hooks fire holding the residual stream entering the block
+    (each head's copy equal to ``hook_resid_pre``, normalised after the hook), and a vector
+    added to every head's copy gives the same ``hook_q/k/v`` as the same vector added to the
+    residual stream (a check that holds whatever the weights). Edge discovery's receivers
+    read there; a bridge that never fires them (MPT's, before
+    :mod:`mechsink.model.patches.alibi_qkv_fork`) drops every edit, one that forks the
+    normalised input (Bloom's, before
+    :mod:`mechsink.model.patches.bloom_block_inputs`) skips the norm. Probed once per model
+    (at most five forwards of :func:`probe_tokens`), the switch restored."""
+    try:
+        return _SPLIT[model]
+    except (KeyError, TypeError):
+        pass
+    found = _split_problem(model)
+    try:
+        _SPLIT[model] = found
+    except TypeError:
+        pass
+    return found
+
+
+@torch.no_grad()
+def _split_problem(model: Any) -> str | None:
+    last = int(model.cfg.n_layers) - 1
+    names = {x: f"blocks.{last}.attn.hook_{x}_input" for x in "qkv"}
+    resid = f"blocks.{last}.hook_resid_pre"
+    if any(n not in model.hook_dict for n in names.values()):
+        return "are not declared (no blocks.<l>.attn.hook_q/k/v_input)"
+    before = bool(getattr(model.cfg, "use_split_qkv_input", False))
+    try:
+        model.set_use_split_qkv_input(True)
+    except Exception as exc:  # noqa: BLE001 - any failure: the switch does not work here
+        found = re.search(r"Found attention classes: (\[[^\]]*\])", str(exc))
+        why = f"TransformerLens supports them on none of {found.group(1)}" if found else \
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+        return f"cannot be switched on (use_split_qkv_input; {why})"
+    try:
+        return _split_checks(model, names, resid)
+    except Exception as exc:  # noqa: BLE001 - a forward that fails with them on
+        return f"make the forward fail ({type(exc).__name__}: {str(exc).splitlines()[0][:80]})"
+    finally:
+        model.set_use_split_qkv_input(before)
+
+
+def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
+    tokens = probe_tokens(model)
+    seen: dict[str, torch.Tensor] = {}
+
+    def recorder(name: str) -> Any:  # keyed by the name asked for (a hook may be an alias)
+        def record(act: torch.Tensor, hook: Any) -> None:
+            seen[name] = act.detach().clone()
+        return record
+
+    hooks = [(n, recorder(n)) for n in (*names.values(), resid) if n in model.hook_dict]
+    model.run_with_hooks(tokens, fwd_hooks=hooks)
+    for x, name in names.items():
+        if name not in seen:
+            return f"never fire (blocks.<l>.attn.hook_{x}_input)"
+        if resid in seen and _rel(seen[name], seen[resid].unsqueeze(2).expand_as(
+                seen[name])) > PROBE_TOL:
+            return (f"do not hold the residual stream entering the block (hook_{x}_input "
+                    "differs from hook_resid_pre: the input forked after the block's norm?)")
+    # the same push on every head's copy and on the residual itself gives the same q/k/v
+    # (whatever the weights: a head whose query weights are 0 ignores both alike)
+    if resid not in seen:
+        return None
+    act = seen[names["q"]]
+    gen = torch.Generator().manual_seed(0)
+    push = torch.randn(act.shape[-1], generator=gen).to(act)
+    push = push / push.norm() * act.norm(dim=-1).max()
+    outs = {x: name.replace("_input", "") for x, name in names.items()}
+    hooks = [(o, recorder("want." + o)) for o in outs.values() if o in model.hook_dict]
+    model.run_with_hooks(tokens, fwd_hooks=[(resid, lambda a, hook: a + push), *hooks])
+    for x, name in names.items():
+        if "want." + outs[x] not in seen:
+            continue  # hook_q/k/v do not fire: nothing to compare with
+        model.run_with_hooks(tokens, fwd_hooks=[(name, lambda a, hook: a + push),
+                                                (outs[x], recorder("got." + outs[x]))])
+        if _rel(seen["got." + outs[x]], seen["want." + outs[x]]) > PROBE_TOL:
+            return (f"ignore edits (an edit of hook_{x}_input does not reach hook_{x} as the "
+                    "same edit of the residual stream does)")
+    return None

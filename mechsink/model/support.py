@@ -17,7 +17,11 @@ What each entry point needs (:data:`NEEDS`):
   entering every block (``hook_resid_pre``), where runs from a later layer start;
 - per-head outputs (path patching's and discovery's head senders, the census's head norms):
   ``attn.hook_z`` in every block and, for the census and discovery, the per-head output
-  weights ``W_O`` (JetMoE's mixture of attention experts has neither).
+  weights ``W_O`` (JetMoE's mixture of attention experts has neither);
+- edge discovery: a residual stream that is the sum of the blocks' writes (post-LN blocks,
+  the original GPT's, normalise the residual itself: refused), and per-head query/key/value
+  inputs that hold that residual and whose edits reach the attention
+  (:func:`~mechsink.model.probes.split_inputs_problem`).
 
 Shortcuts that a probe found inexact (a ``start_at_layer`` that ignores its residual, batch
 growth mid-forward) are not refusals: the engine falls back to exact runs for them.
@@ -30,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mechsink.errors import BadInputError
-from mechsink.model.probes import Capabilities, capabilities
+from mechsink.model.probes import Capabilities, capabilities, split_inputs_problem
 from mechsink.model.weights import head_output_weights
 
 Need = Callable[[Any, Capabilities], "str | None"]  # None: met; else "missing; fix"
@@ -93,13 +97,37 @@ def _output_weights(model: Any, caps: Capabilities) -> str | None:
             "output projection to W_O [head, d_head, d_model]")
 
 
+def _additive_residual(model: Any, caps: Capabilities) -> str | None:
+    if caps.residual_additive:
+        return None
+    return (f"its residual stream is not the sum of its blocks' writes (a block's input plus "
+            f"its attention and MLP outputs is {caps.residual_diff:.2g} of its size off the "
+            "block's output: a norm applied to the residual itself, as in post-LN blocks), and "
+            "edge discovery splits the residual into its senders' writes; path patching "
+            "(mechsink.patching.path_patch) measures the same edges exactly, and discovery "
+            "would work with exact edges that recompute every later norm per edge "
+            "(not implemented)")
+
+
+def _split_inputs(model: Any, caps: Capabilities) -> str | None:
+    problem = split_inputs_problem(model)
+    if problem is None:
+        return None
+    return (f"its bridge's per-head query/key/value inputs {problem}, and edge discovery gives "
+            "each receiving head its own copy of the residual stream there; path patching "
+            "(mechsink.patching.path_patch) measures edges without them, and discovery would "
+            "work with a TransformerLens bridge whose attention forks its input per head "
+            "(use_split_qkv_input)")
+
+
 #: entry point -> what it needs, checked in this order (the first unmet need is the refusal)
 NEEDS: dict[str, tuple[Need, ...]] = {
     "census": (_attention, _output_weights),
     "patch": (_attention, _residual),
     "attribution": (_attention, _residual),
     "path": (_attention, _residual, _head_outputs),
-    "discover": (_attention, _residual, _head_outputs, _output_weights),
+    "discover": (_attention, _residual, _head_outputs, _output_weights, _additive_residual,
+                 _split_inputs),
     "interventions": (_attention,),
 }
 

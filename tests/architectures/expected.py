@@ -131,16 +131,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         'the tiny YoutuForCausalLM could not be built: RuntimeError: The size of tensor a (32) must match the size of tensor b (8) at non-singleton d',
     ('Zamba2ForCausalLM', '*'):
         "the tiny Zamba2ForCausalLM could not be built: TypeError: 'NoneType' object is not iterable",
-    ('AfmoeForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('BloomForCausalLM', 'discovery:k'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
-    ('BloomForCausalLM', 'discovery:q'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
-    ('BloomForCausalLM', 'discovery:v'):
-        'exact edge off path patching on Bloom (ALiBi; edits of hook_q/k/v_input do apply; discover/run.py, not diagnosed)',
-    ('DeepseekV4ForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('DeepseekV4ForCausalLM', 'intervention:ablate'):
         'no reference: the hand edit finds no single attention output projection in this transformers block',
     ('DeepseekV4ForCausalLM', 'intervention:mask'):
@@ -149,100 +139,52 @@ EXPECTED: dict[tuple[str, str], str] = {
         'KeyError: "Hook name \'blocks.1.hook_resid_pre\' does not exist on this model."',
     ('DeepseekV4ForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\', \'blocks.0.hook_mlp_out\', \'blocks.1.hook_mlp_out\'] matched no hook p',
-    ('Exaone4ForCausalLM', 'discovery:k'):
-        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:q'):
-        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Exaone4ForCausalLM', 'discovery:v'):
-        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:k'):
-        "exact edge 7e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:metric'):
-        "exact edge 2e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('FlexOlmoForCausalLM', 'discovery:v'):
-        "exact edge 3e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('GPTJForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Gemma2ForCausalLM', 'discovery:v'):
-        'exact edge off path patching (discover/run.py, not diagnosed)',
-    ('Glm4ForCausalLM', 'discovery:k'):
-        "exact edge 1e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:metric'):
-        "exact edge 5e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:q'):
-        "exact edge 2e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Glm4ForCausalLM', 'discovery:v'):
-        "exact edge 1e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('GptOssForCausalLM', 'intervention:mask'):
         "GPT-OSS's learned sink logit keeps its share under a mask: a one-hot pattern (attend_only_to_self) is not the mask edit (0.38 off)",
-    ('JetMoeForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('JetMoeForCausalLM', 'intervention:ablate'):
         'no reference: the hand edit finds no single attention output projection in this transformers block',
     ('JetMoeForCausalLM', 'intervention:mask'):
         "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
     ('JetMoeForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\'] matched no hook points on this model; check the name against model.',
-    ('LagunaForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Llama4ForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('ModernBertDecoderForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('MptForCausalLM', 'discovery:k'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
-    ('MptForCausalLM', 'discovery:q'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
-    ('MptForCausalLM', 'discovery:v'):
-        "MPT's bridge ignores edits of hook_q/k/v_input (graph mode): the exact edge is the clean value (discovery silently 0)",
-    ('NanoChatForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('OPTForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
-    ('Olmo2ForCausalLM', 'discovery:k'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:q'):
-        "exact edge 4e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo2ForCausalLM', 'discovery:v'):
-        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:k'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:metric'):
-        "exact edge 2e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:q'):
-        "exact edge 9e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('Olmo3ForCausalLM', 'discovery:v'):
-        "exact edge 5e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('OlmoHybridForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('OlmoHybridForCausalLM', 'intervention:ablate'):
         'KeyError: "Hook name \'blocks.0.attn.hook_z\' does not exist on this model."',
     ('OlmoHybridForCausalLM', 'path:*'):
         "KeyError: 'blocks.0.attn.hook_z'",
-    ('OpenAIGPTLMHeadModel', 'discovery:k'):
-        "exact edge 3e-03 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('OpenAIGPTLMHeadModel', 'discovery:metric'):
-        "exact edge 7e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('OpenAIGPTLMHeadModel', 'discovery:q'):
-        "exact edge 6e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('OpenAIGPTLMHeadModel', 'discovery:v'):
-        "exact edge 4e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('RwkvForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('RwkvForCausalLM', 'intervention:ablate'):
         'BadInputError: head index out of range in [1]: blocks.0.attn.hook_z has 1.',
     ('RwkvForCausalLM', 'intervention:mask'):
         'KeyError: "Hook name \'blocks.1.attn.hook_attn_scores\' does not exist on this model."',
     ('RwkvForCausalLM', 'path:*'):
         'KeyError: "names_filter [\'blocks.0.attn.hook_z\', \'blocks.1.attn.hook_z\', \'blocks.0.hook_mlp_out\', \'blocks.1.hook_mlp_out\'] matched no hook p',
-    ('XGLMForCausalLM', 'discovery:*'):
-        'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('XGLMForCausalLM', 'intervention:mask'):
         "the bridge runs transformers' attention, which has no eager_attention_forward to hook: hook_pattern fires after the fact, its edit discarded",
+    ('AfmoeForCausalLM', 'discovery:*'):
+        "BadInputError: AfmoeForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_input",
+    ('DeepseekV4ForCausalLM', 'discovery:*'):
+        "BadInputError: DeepseekV4ForCausalLM is not supported by mechsink's discover: its TransformerLens bridge does not hook the attention pattern (blocks.<l>.attn.ho",
+    ('GPTJForCausalLM', 'discovery:*'):
+        "BadInputError: GPTJForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_input;",
+    ('JetMoeForCausalLM', 'discovery:*'):
+        "BadInputError: JetMoeForCausalLM is not supported by mechsink's discover: its attention has no per-head outputs (blocks.<l>.attn.hook_z never fires), which head",
+    ('LagunaForCausalLM', 'discovery:*'):
+        "BadInputError: LagunaForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_inpu",
+    ('Llama4ForCausalLM', 'discovery:*'):
+        "BadInputError: Llama4ForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_inpu",
+    ('ModernBertDecoderForCausalLM', 'discovery:*'):
+        "BadInputError: ModernBertDecoderForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_spl",
+    ('NanoChatForCausalLM', 'discovery:*'):
+        "BadInputError: NanoChatForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_in",
+    ('OPTForCausalLM', 'discovery:*'):
+        "BadInputError: OPTForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_input; ",
+    ('OlmoHybridForCausalLM', 'discovery:*'):
+        "BadInputError: OlmoHybridForCausalLM is not supported by mechsink's discover: only layers [1] of 2 have softmax attention (the others mix tokens without an atte",
+    ('OpenAIGPTLMHeadModel', 'discovery:*'):
+        "BadInputError: OpenAIGPTLMHeadModel is not supported by mechsink's discover: its residual stream is not the sum of its blocks' writes (a block's input plus its ",
+    ('RwkvForCausalLM', 'discovery:*'):
+        "BadInputError: RwkvForCausalLM is not supported by mechsink's discover: its blocks have no softmax attention (they mix tokens by recurrence or a state space), s",
+    ('XGLMForCausalLM', 'discovery:*'):
+        "BadInputError: XGLMForCausalLM is not supported by mechsink's discover: its bridge's per-head query/key/value inputs cannot be switched on (use_split_qkv_input;",
     ('DeepseekV4ForCausalLM', 'qkv'):
         "KeyError: 'blocks.0.attn.hook_q'",
     ('DeepseekV4ForCausalLM', 'qkv_edit'):

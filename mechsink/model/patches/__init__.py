@@ -23,6 +23,10 @@ the installed ones by the tests), why it is needed and when it can go:
   transformers' attention (GPT-J, OPT, XGLM, Llama 4, ...), whose edits were discarded.
 - :mod:`~mechsink.model.patches.gguf_quantisation`: a model decoded from GGUF no longer
   marked as quantised.
+- :mod:`~mechsink.model.patches.alibi_qkv_fork`: MPT's attention forks its input per head
+  under ``use_split_qkv_input`` (edits of ``hook_q/k/v_input`` were dropped).
+- :mod:`~mechsink.model.patches.bloom_block_inputs`: Bloom's ``hook_q/k/v_input`` hold the
+  residual stream (they held the normalised input) and its ``hook_mlp_in`` fires.
 
 Each patch is undone on exit where it is a context manager; the others change only an object
 mechsink built (a wrapped model's modules, a freshly decoded model).
