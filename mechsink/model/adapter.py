@@ -27,6 +27,7 @@ from mechsink.errors import BadInputError
 from mechsink.model.finite import check_finite_weights
 from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hooked_transformer
 from mechsink.model.patches.attention_hooks import install_attention_hooks
+from mechsink.model.patches.list_outputs import install_list_output_hooks
 from mechsink.model.patches.offline import offline
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
@@ -51,7 +52,8 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
       text). No network is used: the tokenizer is never looked up by name.
     - a TransformerLens ``HookedTransformer`` or ``TransformerBridge``: returned as it is (a
       ``tokenizer`` is attached only when the model has none; a bridge's attention hooks are
-      made to fire inside its computation, :mod:`mechsink.model.patches.attention_hooks`).
+      made to fire inside its computation, :mod:`mechsink.model.patches.attention_hooks`, and
+      GPT-1's block outputs hooked, :mod:`mechsink.model.patches.list_outputs`).
 
     Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
     results (default: the transformers config's ``name_or_path``, else the class name).
@@ -65,6 +67,7 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
                 model.tokenizer = tokenizer
         if is_bridge(model):
             install_attention_hooks(model)
+            install_list_output_hooks(model)
         return model
     if is_hf_causal_lm(model):
         label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
@@ -110,6 +113,7 @@ def wrap_hf(
             logging.getLogger().setLevel(previous)
     use_variant_patterns(bridge)
     install_attention_hooks(bridge)
+    install_list_output_hooks(bridge)
     bridge.eval()
     return bridge
 

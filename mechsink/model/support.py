@@ -128,3 +128,19 @@ def check_supported(model: Any, entry: str) -> None:
     why = refusal(model, entry)
     if why is not None:
         raise BadInputError(why)
+
+
+def check_metric_supported(model: Any, metric: str, hooks: Any) -> None:
+    """Raise a one-line :class:`BadInputError` when the metric named ``metric`` reads a hook
+    (of ``hooks``, full names such as ``blocks.1.hook_resid_post``) that ``model`` never fires
+    (probed, :func:`~mechsink.model.capabilities`): a patched run would find nothing to read
+    after all its work. :func:`check_supported` sees the entry point; this sees the metric, and
+    the patching engine calls it with the metric's declared needs before any forward."""
+    caps = capabilities(model)
+    silent = sorted(h for h in hooks if not caps.fires_at(h))
+    if silent:
+        raise BadInputError(
+            f"{architecture(model)} is not supported by the metric {metric!r}: it reads "
+            f"{', '.join(silent)}, which this model's TransformerLens bridge declares but never "
+            "fires; it would work with an adapter that fires that hook (or with a metric on "
+            "the logits, which are always the model's own).")
