@@ -29,6 +29,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from mechsink.errors import BadInputError
 from mechsink.model.probes import Capabilities, capabilities
 from mechsink.model.weights import head_output_weights
@@ -138,6 +140,12 @@ def check_metric_supported(model: Any, metric: str, hooks: Any) -> None:
     the patching engine calls it with the metric's declared needs before any forward."""
     caps = capabilities(model)
     silent = sorted(h for h in hooks if not caps.fires_at(h))
+    if silent:  # confirmed by one probe forward: a flag set since (use_attn_result) may fire it
+        from mechsink.model.probes import probe_tokens
+
+        with torch.no_grad():
+            _, cache = model.run_with_cache(probe_tokens(model), names_filter=silent)
+        silent = [h for h in silent if h not in cache.keys()]
     if silent:
         raise BadInputError(
             f"{architecture(model)} is not supported by the metric {metric!r}: it reads "
