@@ -163,8 +163,6 @@ EXPECTED: dict[tuple[str, str], str] = {
         "exact edge 2e-04 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
     ('Glm4ForCausalLM', 'discovery:v'):
         "exact edge 1e-02 off path patching: a norm after attention (GraphRun splits the block's write with the run's norm scale; path patching recom",
-    ('GptOssForCausalLM', 'intervention:mask'):
-        "GPT-OSS's learned sink logit keeps its share under a mask: a one-hot pattern (attend_only_to_self) is not the mask edit (0.38 off)",
     ('JetMoeForCausalLM', 'discovery:*'):
         'BadInputError: this bridge gives no per-head q/k/v inputs (use_split_qkv_input): edge discovery refuses it',
     ('JetMoeForCausalLM', 'intervention:ablate'):

@@ -176,9 +176,8 @@ def test_a_metric_whose_hook_never_fires_is_refused_in_one_line(suite):
     refused before any patched forward, in one line naming the architecture, the metric and
     the hook (it was a KeyError from deep inside the sweep)."""
     from mechsink.errors import BadInputError
-    from mechsink.patching import activation_patch
-
     from mechsink.model import capabilities
+    from mechsink.patching import activation_patch
 
     m = suite.get("JetMoeForCausalLM")
     capabilities(m.bridge)  # the cheap probes (cached): what the refusal is decided from
