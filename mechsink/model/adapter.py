@@ -29,6 +29,7 @@ from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hoo
 from mechsink.model.patches.attention_hooks import install_attention_hooks
 from mechsink.model.patches.list_outputs import install_list_output_hooks
 from mechsink.model.patches.offline import offline
+from mechsink.model.patches.rotary_dtype import install_rotary_dtype
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
 from mechsink.model.tokens import bos_token_id
@@ -68,6 +69,7 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
         if is_bridge(model):
             install_attention_hooks(model)
             install_list_output_hooks(model)
+            install_rotary_dtype(model)
         return model
     if is_hf_causal_lm(model):
         label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
@@ -114,6 +116,7 @@ def wrap_hf(
     use_variant_patterns(bridge)
     install_attention_hooks(bridge)
     install_list_output_hooks(bridge)
+    install_rotary_dtype(bridge)
     bridge.eval()
     return bridge
 

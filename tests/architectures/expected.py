@@ -16,7 +16,7 @@ import pytest
 
 CHECKS = ("logits", "wrap", "unembed", "start_at_layer", "census", "activation:<site>",
           "logit_metric", "path:<receiver>", "discovery:<receiver>", "intervention:<edit>",
-          "qkv", "qkv_edit", "parallel:<site>")
+          "qkv", "qkv_edit", "parallel:<site>", "bf16")
 
 NOT_BUILT = "the suite's generic tiny config does not build this architecture"
 

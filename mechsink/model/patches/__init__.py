@@ -23,6 +23,8 @@ the installed ones by the tests), why it is needed and when it can go:
   transformers' attention (GPT-J, OPT, XGLM, Llama 4, ...), whose edits were discarded.
 - :mod:`~mechsink.model.patches.list_outputs`: a block's ``hook_resid_post`` fires when the
   transformers block returns a list (GPT-1), where it never fired.
+- :mod:`~mechsink.model.patches.rotary_dtype`: rotated queries and keys cast back to a
+  half-precision model's dtype, as transformers does (the OLMo family failed in bfloat16).
 - :mod:`~mechsink.model.patches.gguf_quantisation`: a model decoded from GGUF no longer
   marked as quantised.
 
