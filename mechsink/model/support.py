@@ -19,6 +19,10 @@ What each entry point needs (:data:`NEEDS`):
   ``attn.hook_z`` in every block and, for the census and discovery, the per-head output
   weights ``W_O`` (JetMoE's mixture of attention experts has neither).
 
+A metric is checked the same way by :func:`check_metric_supported` (the patching engine calls
+it with the hooks the metric declares): a hook the model never fires is a one-line refusal
+naming the metric and the hook.
+
 Shortcuts that a probe found inexact (a ``start_at_layer`` that ignores its residual, batch
 growth mid-forward) are not refusals: the engine falls back to exact runs for them.
 """

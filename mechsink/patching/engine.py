@@ -40,6 +40,8 @@ from mechsink.errors import BadInputError
 from mechsink.model import (
     PrefixKV,
     act_name,
+    capabilities,
+    check_metric_supported,
     check_seq_len,
     check_tokens,
     hook_names,
@@ -48,8 +50,6 @@ from mechsink.model import (
     to_tokens,
     unembed,
 )
-from mechsink.model.probes import capabilities
-from mechsink.model.support import check_metric_supported
 from mechsink.names import kind_of_hook
 from mechsink.patching.metrics import ALL, Metric, Needs, Outputs, as_metric, check_value, layer_of
 
