@@ -227,3 +227,21 @@ def test_the_engine_reads_the_models_own_logits_where_its_unembedding_is_inexact
     plain = activation_patch(bridge, clean, corrupted, "resid_pre", _logit_metric)
     built = activation_patch(bridge, clean, corrupted, "resid_pre", LogitDiff(5, 7))
     assert rel(built.values, plain.values) <= TOL
+
+
+def test_logit_splits_refuse_a_norm_after_the_rotary_embedding(suite):
+    """HunYuan normalises q and k after rotating them: both logit splits (which assume the
+    rotation is the last step) refuse it in one line; on Llama they run."""
+    from mechsink.errors import BadInputError
+    from mechsink.measure.logit_split import bias_logit_split, key_logit_split
+
+    m = suite.get("HunYuanDenseV1ForCausalLM")
+    for split in (lambda b: key_logit_split(b, m.tokens, 1, 0, [3]),
+                  lambda b: bias_logit_split(b, m.tokens, 1)):
+        with pytest.raises(BadInputError, match="^HunYuanDenseV1ForCausalLM normalises its "
+                                                "queries and keys after the rotary") as err:
+            split(m.bridge)
+        assert "\n" not in str(err.value)
+    llama = suite.get("LlamaForCausalLM").bridge
+    key_logit_split(llama, m.tokens, 1, 0, [3])
+    bias_logit_split(llama, m.tokens, 1)
