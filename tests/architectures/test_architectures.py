@@ -245,3 +245,19 @@ def test_logit_splits_refuse_a_norm_after_the_rotary_embedding(suite):
     llama = suite.get("LlamaForCausalLM").bridge
     key_logit_split(llama, m.tokens, 1, 0, [3])
     bias_logit_split(llama, m.tokens, 1)
+
+
+@pytest.mark.parametrize("arch", ["OPTForCausalLM", "XGLMForCausalLM"])
+def test_neuron_count_is_the_transformers_mlp_width(suite, arch):
+    """TransformerLens reports OPT's and XGLM's MLP width as 4 x d_model whatever their
+    ``ffn_dim``: neuron sites and names (``L0N5``) count the transformers config's width, the
+    size of the hooked MLP activation."""
+    from mechsink.names import axis_size
+
+    m = suite.get(arch)
+    width = int(m.hf.config.ffn_dim)
+    assert int(m.bridge.cfg.d_mlp) != width  # the bridge's value (the case this guards)
+    assert axis_size(m.bridge, "neuron") == width
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(m.tokens, names_filter=["blocks.0.mlp.hook_post"])
+    assert cache["blocks.0.mlp.hook_post"].shape[-1] == width
