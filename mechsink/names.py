@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, n_kv_heads
+from mechsink.model import act_name, n_kv_heads, true_d_mlp
 from mechsink.model import tl_get_act_name as _get_act_name
 
 
@@ -142,8 +142,8 @@ def axis_size(model: Any, axis: str) -> int:
         return int(cfg.n_heads)
     if axis == "kv_head":
         return n_kv_heads(model)
-    if axis == "neuron":
-        return int(cfg.d_mlp or 0)
+    if axis == "neuron":  # the transformers config's width (the bridge's is wrong for OPT, XGLM)
+        return int(true_d_mlp(model) or 0)
     if axis == "channel":
         return int(cfg.d_model)
     raise BadInputError(f"unknown unit axis {axis!r}: one of {', '.join(UNIT_WORDS)}.")

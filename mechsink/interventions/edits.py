@@ -191,10 +191,13 @@ def attend_only_to_self(
     units: Sequence[int] | None = None,
 ) -> list[Intervention]:
     """Query ``position`` attends only to itself in the chosen layers and heads (``units``;
-    None: all), its pattern row one-hot.
+    None: all): every other key masked for that query.
 
-    Equivalent to masking every other key for that query: the softmax of a row whose only
-    allowed key is ``k`` is one-hot on ``k``.
+    The softmax of a row whose only allowed key is ``k`` is one-hot on ``k``, so the edit sets
+    the pattern row one-hot. On a model with a learned sink logit (GPT-OSS's per-head
+    ``sinks``, a softmax column that is dropped afterwards, so pattern rows sum to less than
+    1) the masked row keeps the learned sink's share: the row's weight on ``k`` becomes
+    ``p_k / (p_k + p_sink)``, with ``p_sink = 1 - sum(row)`` read from the pattern itself.
     """
     if position is None:
         raise BadInputError("attend_only_to_self needs position= (the query that should "
@@ -204,20 +207,36 @@ def attend_only_to_self(
     out = []
     for layer in layers:
         _check_layer(model, layer)
+        learned_sink = has_learned_sink(model, layer)
 
-        def fn(pattern: Tensor, hook: Any) -> Tensor:
+        def fn(pattern: Tensor, hook: Any, learned_sink: bool = learned_sink) -> Tensor:
             if key_pos >= pattern.shape[-1]:
                 raise BadInputError(f"position {key_pos} is outside the sequence.")
             edited = pattern.clone()
             h = slice(None) if head_list is None else head_list
+            row = pattern[:, h, key_pos, :]
+            own = torch.ones_like(row[..., key_pos])
+            if learned_sink:  # the sink column's share, 1 - the row's sum, stays
+                p_self = row[..., key_pos].double()
+                p_sink = (1.0 - row.double().sum(-1)).clamp_min(0.0)
+                own = (p_self / (p_self + p_sink).clamp_min(1e-300)).to(row.dtype)
             edited[:, h, key_pos, :] = 0.0
-            edited[:, h, key_pos, key_pos] = 1.0
+            edited[:, h, key_pos, key_pos] = own
             return edited
 
         out.append(Intervention(act_name("pattern", layer), fn,
                                 f"layer {layer}: query {key_pos} attends only to itself",
                                 key_pos))
     return out
+
+
+def has_learned_sink(model: Any, layer: int) -> bool:
+    """Whether block ``layer``'s attention has a learned sink logit: a per-head parameter
+    ``sinks`` joining the softmax as an extra key column that is dropped afterwards (GPT-OSS;
+    OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card")."""
+    attn = getattr(model.blocks[layer], "attn", None)
+    inner = getattr(attn, "original_component", attn)
+    return isinstance(getattr(inner, "sinks", None), Tensor)
 
 
 def scale_tokens(model: Any, layer: int, positions: Sequence[int], factor: float) -> Intervention:

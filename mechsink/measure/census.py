@@ -38,6 +38,7 @@ from mechsink.measure import sinks
 from mechsink.measure._cache import CacheLike, hook_names, rounded
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
+from mechsink.measure.keys import scored_qk_hooks
 from mechsink.measure.layer_stack import down_projection_layers
 from mechsink.measure.registry import (
     CENSUS_MEASUREMENTS,
@@ -319,7 +320,7 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
                "MLP has one per expert)"
     return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why,
                          post_norms=post_mlp_norms(model), b_out=down_projection_bias(model),
-                         moe=moe_experts(model))
+                         moe=moe_experts(model), qk_hooks=scored_qk_hooks(model))
 
 
 @contextmanager

@@ -49,6 +49,18 @@ def scored_qk_names(model: Any, layer: int) -> tuple[str, str]:
     return names[0], names[1]
 
 
+def _check_no_norm_after_rotary(model: Any, split: str) -> None:
+    """A one-line refusal for a model that normalises its queries and keys after the rotary
+    embedding (HunYuan): its logit is not bilinear in the biases or linear in the key input
+    through a fixed-scale norm before the rotation, which both splits assume."""
+    if bool(getattr(model.cfg, "qk_norm_after_rope", False)):
+        arch = type(getattr(model, "original_model", model)).__name__
+        raise BadInputError(
+            f"{arch} normalises its queries and keys after the rotary embedding: the {split} "
+            "assumes the rotation is the last step before the dot product; it would work with "
+            "the norm's per-token scale held fixed after the rotation (not implemented).")
+
+
 def _group_size(model: Any) -> int:
     """How many query heads share one KV head (1 without grouped-query attention)."""
     return int(model.cfg.n_heads) // n_kv_heads(model)
@@ -95,6 +107,7 @@ def bias_logit_split(model: Any, tokens: Int[Tensor, "batch pos"], layer: int, *
     model's own ``hook_attn_scores`` (checked on the causal part to ``tol`` relative to the
     logits' scale).
     """
+    _check_no_norm_after_rotary(model, "bias logit split")
     d_head = int(model.cfg.d_head)
     b_q = query_bias(model, layer)
     b_q = torch.zeros(int(model.cfg.n_heads), d_head) if b_q is None else b_q
@@ -297,6 +310,7 @@ def key_logit_split(
     model's logit minus the unrotated ``q . k``. Raises if the parts miss the model's own
     ``hook_attn_scores`` by more than ``tol`` (relative to the logit's scale).
     """
+    _check_no_norm_after_rotary(model, "key logit split")
     n_pos = tokens.shape[1]
     j = _check_head_args(model, layer, head, n_pos, other_key)
     chans = check_channels(model, channels)

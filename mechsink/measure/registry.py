@@ -39,6 +39,7 @@ class CensusContext:
     post_norms: tuple[Any, ...] = ()  # per block the post-MLP norm (None: none); see model
     b_out: Float[Tensor, "layer d_model"] | None = None  # down projection biases
     moe: Any = None  # mechsink.model.moe_experts: per block Experts, None (dense) or why not
+    qk_hooks: tuple[str, str] | None = None  # the scored q/k (keys.scored_qk_hooks); None: guess
 
     def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
         """``w_out``, or a BadInputError saying why the model has none."""
@@ -123,11 +124,16 @@ def _experts(cache: CacheLike, c: CensusContext) -> Any:
 
 
 def _qk_hooks(model: Any) -> tuple[str, ...]:
-    """The vectors the attention score is made of: the rotated queries and keys on a rotary
-    model (where they never fire the measurement is not applicable: the plain ones would be
-    pre-rotary), else the plain ones."""
-    rotary = str(getattr(model.cfg, "positional_embedding_type", "")) == "rotary"
-    return keys.ROTARY_HOOKS if rotary or capabilities(model).rotary_qk else keys.PLAIN_HOOKS
+    """The vectors the attention score is made of (:func:`mechsink.measure.keys.scored_qk_hooks`:
+    after a q/k norm that follows the rotary embedding, else the rotated queries and keys on a
+    rotary model, else the plain ones; where they never fire the measurement is not
+    applicable: the others would not be what the scores use)."""
+    return keys.scored_qk_hooks(model)
+
+
+def _key_bias_cosine(cache: CacheLike, c: CensusContext) -> Any:
+    """The key-bias cosine of the hooks the census chose for the model (``c.qk_hooks``)."""
+    return keys.key_bias_cosine(cache, c.qk_hooks)
 
 
 CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
@@ -147,7 +153,7 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
                       lambda cache, c: norms.value_drain(cache)),
     CensusMeasurement("heads", norms.HEAD_HOOKS,
                       lambda cache, c: norms.head_output_norms(cache, c.w_o)),
-    CensusMeasurement("keys", _qk_hooks, lambda cache, c: keys.key_bias_cosine(cache)),
+    CensusMeasurement("keys", _qk_hooks, _key_bias_cosine),
     CensusMeasurement("variance", variance.HOOKS,
                       lambda cache, c: variance.variance_stats(cache)),
 )

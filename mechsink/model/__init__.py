@@ -39,6 +39,7 @@ _LAZY = {
     "attention_scale": "mechsink.model.weights",
     "bos_token_id": "mechsink.model.tokens",
     "capabilities": "mechsink.model.probes",
+    "check_metric_supported": "mechsink.model.support",
     "check_seq_len": "mechsink.model.tokens",
     "check_supported": "mechsink.model.support",
     "check_tokens": "mechsink.model.tokens",
@@ -102,7 +103,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
-    "attention_scale", "bos_token_id", "capabilities", "check_seq_len", "check_supported",
+    "attention_scale", "bos_token_id", "capabilities", "check_metric_supported", "check_seq_len",
+    "check_supported",
     "check_tokens", "context_length", "down_projection", "down_projection_bias", "has_hook",
     "head_output_weights", "hf_model_of", "hook_names", "is_bridge", "is_hooked_transformer",
     "key_bias", "key_weights", "list_models", "load_model", "moe_experts", "n_kv_heads",

@@ -29,7 +29,9 @@ from mechsink.model.kinds import hf_model_of, is_bridge, is_hf_causal_lm, is_hoo
 from mechsink.model.patches.alibi_qkv_fork import install_alibi_qkv_fork
 from mechsink.model.patches.attention_hooks import install_attention_hooks
 from mechsink.model.patches.bloom_block_inputs import install_bloom_block_inputs
+from mechsink.model.patches.list_outputs import install_list_output_hooks
 from mechsink.model.patches.offline import offline
+from mechsink.model.patches.rotary_dtype import install_rotary_dtype
 from mechsink.model.patches.tokenizer_lookup import no_tokenizer_lookup
 from mechsink.model.patches.variant_patterns import use_variant_patterns
 from mechsink.model.tokens import bos_token_id
@@ -53,7 +55,8 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
       text). No network is used: the tokenizer is never looked up by name.
     - a TransformerLens ``HookedTransformer`` or ``TransformerBridge``: returned as it is (a
       ``tokenizer`` is attached only when the model has none; a bridge's attention hooks are
-      made to fire inside its computation, :mod:`mechsink.model.patches.attention_hooks`).
+      made to fire inside its computation, :mod:`mechsink.model.patches.attention_hooks`, and
+      GPT-1's block outputs hooked, :mod:`mechsink.model.patches.list_outputs`).
 
     Anything else is a ``TypeError`` that says what is accepted. ``name`` labels the model in
     results (default: the transformers config's ``name_or_path``, else the class name).
@@ -69,6 +72,8 @@ def wrap(model: Any, tokenizer: Any = None, *, name: str | None = None,
             install_attention_hooks(model)
             install_alibi_qkv_fork(model)
             install_bloom_block_inputs(model)
+            install_list_output_hooks(model)
+            install_rotary_dtype(model)
         return model
     if is_hf_causal_lm(model):
         label = name or getattr(getattr(model, "config", None), "name_or_path", None) or \
@@ -116,6 +121,8 @@ def wrap_hf(
     install_attention_hooks(bridge)
     install_alibi_qkv_fork(bridge)
     install_bloom_block_inputs(bridge)
+    install_list_output_hooks(bridge)
+    install_rotary_dtype(bridge)
     bridge.eval()
     return bridge
 

@@ -52,10 +52,23 @@ class Capabilities:
         else (False for post-LN blocks, which normalise the residual itself: a gap of order
         1; True when the hooks to tell do not fire)."""
         return not self.residual_diff > self.residual_tol
+    hooks_per_block: tuple[frozenset[str], ...] = ()  # per block, the suffixes that fire
 
     def fires_everywhere(self, suffix: str) -> bool:
         """Whether the per-block hook ``suffix`` fires in every block (a hybrid model's
         attention hooks fire in its attention layers only)."""
+        return suffix in self.hooks_everywhere
+
+    def fires_at(self, name: str) -> bool:
+        """Whether the hook ``name`` fires in a forward: a per-block hook
+        (``blocks.<l>.<suffix>``) in its own block; any other hook (``hook_embed``, ...) is
+        not probed and counts as firing."""
+        parts = name.split(".", 2)
+        if len(parts) < 3 or parts[0] != "blocks" or not parts[1].isdigit():
+            return True
+        layer, suffix = int(parts[1]), parts[2]
+        if layer < len(self.hooks_per_block):
+            return suffix in self.hooks_per_block[layer]
         return suffix in self.hooks_everywhere
 
     def grows_at(self, suffix: str) -> bool:
@@ -112,10 +125,12 @@ def _probe(model: Any) -> Capabilities:
             start_diff = max(_rel(same, logits), _rel(swapped, logits.flip(0)))
         except Exception:  # noqa: BLE001 - any failure means: not usable on this model
             start_diff = float("inf")
-    growth = frozenset(s for s in GROWTH_SITES if s in fired and _grows(model, tokens, logits, s))
+    growth = frozenset(s for s in GROWTH_SITES
+                       if s in fired and _grows(model, tokens, logits, s, per_block[-1]))
     return Capabilities(fired, start_diff <= PROBE_TOL, unembed_diff <= PROBE_TOL,
-                        start_diff, unembed_diff, growth, everywhere, _residual_gap(cache),
-                        _sum_tol(cache))
+                        start_diff, unembed_diff, growth, everywhere,
+                        residual_diff=_residual_gap(cache), residual_tol=_sum_tol(cache),
+                        hooks_per_block=tuple(per_block))
 
 
 def _sum_tol(cache: Any) -> float:
@@ -145,19 +160,36 @@ def _residual_gap(cache: Any) -> float:
 GROWTH_SITES = ("hook_resid_pre",)  # the staircase adds copies at block inputs
 
 
-def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str) -> bool:
+def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str,
+           fired: frozenset[str] = frozenset()) -> bool:
     """A forward whose batch doubles at the last block's ``suffix`` (each row copied) gives
-    every copy its row's logits."""
+    every copy its row's logits, and every patchable hook of that block that fires
+    (``fired``; :func:`mechsink.names.kind_of_hook`) sees the grown batch first: a hooked
+    activation reshaped from the batch the block started with (OPT's MLP hooks, unflattened
+    from ``[batch * pos, d]`` with the batch stamped at the block's entry) would be patched
+    in the wrong shape."""
+    from mechsink.names import kind_of_hook
+
+    layer = int(model.cfg.n_layers) - 1
+    rows = 2 * int(tokens.shape[0])
+    wrong: list[str] = []
+
     def double(act: torch.Tensor, hook: Any) -> torch.Tensor:
         return torch.cat([act, act])
 
-    name = f"blocks.{int(model.cfg.n_layers) - 1}.{suffix}"
+    def check(act: torch.Tensor, hook: Any) -> None:
+        if isinstance(act, torch.Tensor) and act.shape[0] != rows:
+            wrong.append(hook.name)
+
+    name = f"blocks.{layer}.{suffix}"
+    watched = [(f"blocks.{layer}.{s}", check) for s in sorted(fired - {suffix})
+               if kind_of_hook(f"blocks.{layer}.{s}") is not None]
     try:
-        with model.hooks(fwd_hooks=[(name, double)]), masks_follow_batch(model):
+        with model.hooks(fwd_hooks=[(name, double), *watched]), masks_follow_batch(model):
             grown = model(tokens, return_type="logits")
     except Exception:  # noqa: BLE001 - any failure means: do not grow the batch here
         return False
-    return tuple(grown.shape) == (2 * logits.shape[0], *logits.shape[1:]) and \
+    return not wrong and tuple(grown.shape) == (2 * logits.shape[0], *logits.shape[1:]) and \
         _rel(grown, torch.cat([logits, logits])) <= PROBE_TOL
 
 

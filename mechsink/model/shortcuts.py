@@ -69,9 +69,30 @@ def output_logits_step(model: Any, logits: Float[Tensor, "*batch d_vocab"]
     return cap * torch.tanh(logits / cap) if cap > 0 else logits
 
 
+#: modules a TransformerLens bridge mounts between the final norm and the unembedding, in the
+#: order the model applies them: a BERT-style prediction head (dense, activation, norm:
+#: ModernBERT-decoder's ``lm_head``) and OPT's ``project_out`` (OPT-350m's smaller embedding
+#: width). Other readout modules (DeepSeek-V4's ``hc_head``) are not applied: the unembedding
+#: then differs from the model's logits, the probe finds it, and the engine reads the model's
+#: own logits instead (:func:`mechsink.model.capabilities`).
+READOUT_HEADS = ("prediction_head", "project_out")
+
+
+def readout_heads(model: Any) -> list[Any]:
+    """The modules of :data:`READOUT_HEADS` this model mounts, in order."""
+    modules = getattr(model, "_modules", {})
+    return [modules[name] for name in READOUT_HEADS if modules.get(name) is not None]
+
+
 def unembed(
     model: Any, resid_final: Float[Tensor, "batch pos d_model"]
 ) -> Float[Tensor, "batch pos d_vocab"]:
-    """Logits from the last block's output (for a few positions): final norm, unembedding, and
-    whatever the model applies after it (:func:`output_logits_step`: soft-caps, logit scales)."""
-    return output_logits_step(model, model.unembed(model.ln_final(resid_final)))
+    """Logits from the last block's output (for a few positions): final norm, any readout head
+    the model applies before its unembedding (:func:`readout_heads`), the unembedding, and
+    whatever the model applies after it (:func:`output_logits_step`: soft-caps, logit scales).
+    A model without a final norm (GPT-1) unembeds the last block's output directly."""
+    x = model.ln_final(resid_final) if getattr(model, "ln_final", None) is not None \
+        else resid_final
+    for head in readout_heads(model):
+        x = head(x)
+    return output_logits_step(model, model.unembed(x))

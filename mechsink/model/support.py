@@ -23,6 +23,10 @@ What each entry point needs (:data:`NEEDS`):
   inputs that hold that residual and whose edits reach the attention
   (:func:`~mechsink.model.probes.split_inputs_problem`).
 
+A metric is checked the same way by :func:`check_metric_supported` (the patching engine calls
+it with the hooks the metric declares): a hook the model never fires is a one-line refusal
+naming the metric and the hook.
+
 Shortcuts that a probe found inexact (a ``start_at_layer`` that ignores its residual, batch
 growth mid-forward) are not refusals: the engine falls back to exact runs for them.
 """
@@ -32,6 +36,8 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+import torch
 
 from mechsink.errors import BadInputError
 from mechsink.model.probes import Capabilities, capabilities, split_inputs_problem
@@ -156,3 +162,25 @@ def check_supported(model: Any, entry: str) -> None:
     why = refusal(model, entry)
     if why is not None:
         raise BadInputError(why)
+
+
+def check_metric_supported(model: Any, metric: str, hooks: Any) -> None:
+    """Raise a one-line :class:`BadInputError` when the metric named ``metric`` reads a hook
+    (of ``hooks``, full names such as ``blocks.1.hook_resid_post``) that ``model`` never fires
+    (probed, :func:`~mechsink.model.capabilities`): a patched run would find nothing to read
+    after all its work. :func:`check_supported` sees the entry point; this sees the metric, and
+    the patching engine calls it with the metric's declared needs before any forward."""
+    caps = capabilities(model)
+    silent = sorted(h for h in hooks if not caps.fires_at(h))
+    if silent:  # confirmed by one probe forward: a flag set since (use_attn_result) may fire it
+        from mechsink.model.probes import probe_tokens
+
+        with torch.no_grad():
+            _, cache = model.run_with_cache(probe_tokens(model), names_filter=silent)
+        silent = [h for h in silent if h not in cache.keys()]
+    if silent:
+        raise BadInputError(
+            f"{architecture(model)} is not supported by the metric {metric!r}: it reads "
+            f"{', '.join(silent)}, which this model's TransformerLens bridge declares but never "
+            "fires; it would work with an adapter that fires that hook (or with a metric on "
+            "the logits, which are always the model's own).")

@@ -40,6 +40,8 @@ from mechsink.errors import BadInputError
 from mechsink.model import (
     PrefixKV,
     act_name,
+    capabilities,
+    check_metric_supported,
     check_seq_len,
     check_tokens,
     hook_names,
@@ -92,12 +94,20 @@ def check_batch_size(batch_size: int | None) -> None:
 
 
 def resolve_needs(model: Any, metric: Metric, seq_len: int) -> Needs:
-    """The metric's needs with logit positions made non-negative and hook names checked."""
+    """The metric's needs with logit positions made non-negative and hook names checked: a
+    hook the model never fires is a one-line refusal naming the metric, and logits at a few
+    positions become the full logits where mechsink's unembedding is not the model's own
+    (:attr:`~mechsink.model.probes.Capabilities.unembed_exact`)."""
     needs = metric.needs(model)
     known = hook_names(model)
     unknown = sorted(h for h in needs.hooks if h not in known)
     if unknown:
         raise BadInputError(f"the metric reads hooks this model does not have: {unknown}.")
+    check_metric_supported(model, metric.name, needs.hooks)
+    if isinstance(needs.logits, tuple) and not capabilities(model).unembed_exact:
+        # mechsink's own unembedding of a few positions is not this model's logits (a readout
+        # step it does not know, or no last-block output hook): read the model's own logits
+        needs = Needs(needs.hooks, ALL)
     if isinstance(needs.logits, tuple):
         pos = []
         for p in needs.logits:

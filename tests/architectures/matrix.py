@@ -30,6 +30,7 @@ COLUMNS = {
     "discovery", "interventions_equal_hand_edits": "interventions",
     "qkv_equal_transformers": "q/k/v", "rotated_key_edit_equals_transformers": "q/k/v",
     "parallel_block_sites_equal_plain_hooks": "parallel block",
+    "bfloat16_logits_and_census_sinks_within_the_stated_tolerance": "bf16",
 }
 
 
@@ -76,7 +77,9 @@ def markdown(rows: dict[str, dict[str, str]]) -> str:
             f"{md.version('transformers')}: the largest difference from the reference, "
             "relative to its largest magnitude (≤ 1e-4 passes), or why the check fails; – where "
             "the check does not apply (parallel block: only models with parallel attention + "
-            "MLP).\n\n")
+            "MLP); bf16: the model loaded in bfloat16 against transformers in float32, the "
+            "larger of the logits' difference (relative) and the census sink scores' (absolute), "
+            "within the tolerances stated under Precision (0.05 and 0.005).\n\n")
     cols = list(dict.fromkeys(COLUMNS.values()))
     lines = ["| architecture | " + " | ".join(cols) + " |",
              "|---" * (len(cols) + 1) + "|"]

@@ -6,6 +6,8 @@ Known failures are strict xfails listed in :mod:`tests.architectures.expected`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -148,3 +150,114 @@ def test_builtin_logit_metric_equals_plain_callable(suite, arch, record_property
     built = activation_patch(m.bridge, clean, corrupted, "resid_pre", LogitDiff(5, 7))
     record_property("diff", rel(built.values, plain.values))
     assert rel(built.values, plain.values) <= TOL
+
+
+ROT_Q0 = "blocks.0.attn.hook_rot_q"
+
+
+def _rot_q_norm_metric() -> Any:
+    """A metric reading block 0's rotated queries (``attn.hook_rot_q``): their mean norm."""
+    from mechsink.patching.metrics import Metric, Needs, Outputs
+
+    class RotQNorm(Metric):
+        name = "rot_q_norm"
+
+        def needs(self, model: Any) -> Needs:
+            return Needs(hooks=frozenset({ROT_Q0}))
+
+        def __call__(self, out: Outputs) -> torch.Tensor:
+            return out.act(ROT_Q0).norm(dim=-1).mean()
+
+    return RotQNorm()
+
+
+def test_a_metric_whose_hook_never_fires_is_refused_in_one_line(suite):
+    """JetMoE's bridge declares attn.hook_rot_q but never fires it: a metric reading it is
+    refused before any patched forward, in one line naming the architecture, the metric and
+    the hook (it was a KeyError from deep inside the sweep)."""
+    from mechsink.errors import BadInputError
+    from mechsink.model import capabilities
+    from mechsink.patching import activation_patch
+
+    m = suite.get("JetMoeForCausalLM")
+    capabilities(m.bridge)  # the cheap probes (cached): what the refusal is decided from
+    calls: list[int] = []
+    handle = m.bridge.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        with pytest.raises(BadInputError) as err:
+            activation_patch(m.bridge, m.tokens[:1], _corrupted(m.tokens[:1]), "resid_pre",
+                             _rot_q_norm_metric())
+    finally:
+        handle.remove()
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("JetMoeForCausalLM is not supported by the "
+                                                "metric 'rot_q_norm'")
+    assert ROT_Q0 in text and "never fires" in text
+    assert calls == [], "a forward ran before the refusal"
+
+
+def test_a_metric_whose_hook_fires_runs(suite):
+    """The same metric on Llama (hook_rot_q fires): its clean value is the norm read by hand."""
+    from mechsink.patching import activation_patch
+
+    m = suite.get("LlamaForCausalLM")
+    clean = m.tokens[:1]
+    got = activation_patch(m.bridge, clean, _corrupted(clean), "resid_pre", _rot_q_norm_metric())
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(clean, names_filter=[ROT_Q0])
+    want = cache[ROT_Q0].norm(dim=-1).mean().item()
+    assert abs(got.clean_value - want) <= TOL * max(1.0, abs(want))
+    assert got.values.shape[0] == int(m.bridge.cfg.n_layers)
+
+
+def test_the_engine_reads_the_models_own_logits_where_its_unembedding_is_inexact(
+        suite, monkeypatch):
+    """Without ModernBERT-decoder's prediction head mechsink's unembedding is not the model's
+    (the probe sees it); LogitDiff then reads the model's own logits and stays exact."""
+    import mechsink
+    from mechsink.model import capabilities, shortcuts
+    from mechsink.patching import LogitDiff, activation_patch
+
+    m = suite.get("ModernBertDecoderForCausalLM")
+    monkeypatch.setattr(shortcuts, "READOUT_HEADS", ())
+    bridge = mechsink.load_model(f"hf:{m.folder}", device="cpu")
+    caps = capabilities(bridge)
+    assert not caps.unembed_exact and caps.unembed_diff > 0.1
+    clean, corrupted = m.tokens[:1], _corrupted(m.tokens[:1])
+    plain = activation_patch(bridge, clean, corrupted, "resid_pre", _logit_metric)
+    built = activation_patch(bridge, clean, corrupted, "resid_pre", LogitDiff(5, 7))
+    assert rel(built.values, plain.values) <= TOL
+
+
+def test_logit_splits_refuse_a_norm_after_the_rotary_embedding(suite):
+    """HunYuan normalises q and k after rotating them: both logit splits (which assume the
+    rotation is the last step) refuse it in one line; on Llama they run."""
+    from mechsink.errors import BadInputError
+    from mechsink.measure.logit_split import bias_logit_split, key_logit_split
+
+    m = suite.get("HunYuanDenseV1ForCausalLM")
+    for split in (lambda b: key_logit_split(b, m.tokens, 1, 0, [3]),
+                  lambda b: bias_logit_split(b, m.tokens, 1)):
+        with pytest.raises(BadInputError, match="^HunYuanDenseV1ForCausalLM normalises its "
+                                                "queries and keys after the rotary") as err:
+            split(m.bridge)
+        assert "\n" not in str(err.value)
+    llama = suite.get("LlamaForCausalLM").bridge
+    key_logit_split(llama, m.tokens, 1, 0, [3])
+    bias_logit_split(llama, m.tokens, 1)
+
+
+@pytest.mark.parametrize("arch", ["OPTForCausalLM", "XGLMForCausalLM"])
+def test_neuron_count_is_the_transformers_mlp_width(suite, arch):
+    """TransformerLens reports OPT's and XGLM's MLP width as 4 x d_model whatever their
+    ``ffn_dim``: neuron sites and names (``L0N5``) count the transformers config's width, the
+    size of the hooked MLP activation."""
+    from mechsink.names import axis_size
+
+    m = suite.get(arch)
+    width = int(m.hf.config.ffn_dim)
+    assert int(m.bridge.cfg.d_mlp) != width  # the bridge's value (the case this guards)
+    assert axis_size(m.bridge, "neuron") == width
+    with torch.no_grad():
+        _, cache = m.bridge.run_with_cache(m.tokens, names_filter=["blocks.0.mlp.hook_post"])
+    assert cache["blocks.0.mlp.hook_post"].shape[-1] == width

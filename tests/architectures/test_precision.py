@@ -253,3 +253,53 @@ def _floats(data: Any) -> list[Any]:
     if isinstance(data, list):
         return [x for v in data for x in _floats(v)]
     return [data]
+
+
+# --- bfloat16 on every architecture (the support matrix's bf16 column) ----------------------
+
+def _bf16_cases() -> list:
+    from tests.architectures import expected
+    from tests.architectures.test_architectures import ARCHS
+
+    return expected.cases("bf16", ARCHS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", _bf16_cases())
+def test_bfloat16_logits_and_census_sinks_within_the_stated_tolerance(suite, arch,
+                                                                      record_property):
+    """Every architecture of the suite loaded in bfloat16 through ``hf:<folder>``: its logits
+    within the README's bfloat16 tolerance of transformers' float32 logits (relative to the
+    largest |logit|), and its census sink scores within the census tolerance (absolute) of the
+    hand computation from transformers' float32 eager attentions. A census that refuses the
+    model in float32 refuses it in bfloat16 with the same line. ``diff``: the larger of the
+    two differences (the matrix's bf16 column)."""
+    import mechsink
+    from mechsink.errors import BadInputError
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.measure.census import census
+
+    m = suite.get(arch)
+    half = mechsink.load_model(f"hf:{m.folder}", device="cpu", dtype="bfloat16")
+    with torch.no_grad():
+        got = half(m.tokens)
+    assert got.dtype == torch.bfloat16
+    logit_diff = ((got.double() - m.logits.double()).abs().max()
+                  / m.logits.double().abs().max()).item()
+    diffs = {"logits": logit_diff}
+    prompts = [PromptSet("custom", "given", m.tokens)]
+    try:
+        sinks = census(half, prompts=prompts, batch_size=2, progress=lambda *a: None
+                       ).runs[0].sinks.gu
+    except BadInputError as exc:  # refused: float32 must refuse it with the same line
+        with pytest.raises(BadInputError) as f32:
+            census(m.bridge, prompts=prompts, batch_size=2, progress=lambda *a: None)
+        assert str(f32.value) == str(exc)
+    else:
+        want = torch.stack([a[:, :, :, 0].mean(-1) for a in m.attentions], 1)
+        assert torch.isfinite(sinks).all()
+        diffs["sinks"] = (sinks.double() - want.double()).abs().max().item()
+    record_property("diff", max(diffs.values()))
+    record_property("diffs", diffs)
+    assert 0 < logit_diff <= TOLERANCE["bfloat16"], diffs  # really computed in bfloat16
+    assert diffs.get("sinks", 0.0) <= QUANTITIES["census sink scores"][1]["bfloat16"], diffs

@@ -62,7 +62,11 @@ def recorded(hf: torch.nn.Module, edit: Edit | None = None) -> Iterator[dict[str
                 n = len(out["post"])
                 if edit is not None:
                     query, key = edit(n, "q", query), edit(n, "k", key)
-                out["post"].append({"q": query, "k": key, "v": value})
+                # transformers' signature: (module, query, key, value, attention_mask, scaling)
+                scaling = kw.get("scaling", a[1] if len(a) > 1 else None)
+                if scaling is None:
+                    scaling = getattr(module, "scaling", None) or query.shape[-1] ** -0.5
+                out["post"].append({"q": query, "k": key, "v": value, "scaling": scaling})
                 return orig(module, query, key, value, *a, **kw)
             return rec
         patches.append((modeling, "eager_attention_forward", make_eager))
@@ -113,22 +117,39 @@ def _tl(x: Tensor, heads_first: bool = True) -> Tensor:
     return x.transpose(1, 2) if heads_first else x
 
 
+def scored(cache: Any, suffix: str, layer: int) -> Tensor:
+    """A scored-q/k hook (:func:`mechsink.measure.keys.scored_qk_hooks`) as ``[batch, pos,
+    head, d_head]`` (the q/k norm's outputs are ``[batch, head, pos, d_head]``)."""
+    from mechsink.measure.keys import NORMED_HOOKS
+
+    act = cache[f"blocks.{layer}.{suffix}"]
+    return act.transpose(1, 2) if suffix in NORMED_HOOKS else act
+
+
 def qkv_pairs(m: Any) -> list[tuple[str, Tensor, Tensor]]:
-    """(what, mechsink's, transformers') for every vector kind transformers showed."""
+    """(what, mechsink's, transformers') for every vector kind transformers showed. The scored
+    queries are compared as they enter the dot product times the scale: mechsink's divided by
+    :func:`mechsink.model.attention_scale`, transformers' times the ``scaling`` its eager
+    attention gets (OPT scales its queries before the attention and passes 1)."""
+    from mechsink.measure.keys import scored_qk_hooks
+    from mechsink.model import attention_scale
+
     n_layers = int(m.bridge.cfg.n_layers)
     with torch.no_grad(), recorded(m.hf) as ref:
         m.hf(m.tokens)
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(m.tokens)
-    rotary = "blocks.0.attn.hook_rot_q" in m.bridge.hook_dict
+    hooks = dict(zip("qk", scored_qk_hooks(m.bridge), strict=True))
     qk_normed = any(n.rsplit(".", 1)[-1] in QK_NORMS for n, _ in m.hf.named_modules())
     pairs = []
     for lay in range(n_layers):
         post = ref["post"][lay] if len(ref["post"]) == n_layers else None
         if post is not None:
             for k in ("q", "k"):
-                name = f"blocks.{lay}.attn.hook_{'rot_' if rotary else ''}{k}"
-                pairs.append((name, cache[name], _tl(post[k])))
+                want = _tl(post[k])
+                if k == "q" and "scaling" in post:  # mechsink's q / scale = transformers' q * s
+                    want = want * float(post["scaling"]) * attention_scale(m.bridge, lay)
+                pairs.append((f"blocks.{lay}.{hooks[k]}", scored(cache, hooks[k], lay), want))
             if "v" in post:
                 pairs.append((f"blocks.{lay}.attn.hook_v", cache[f"blocks.{lay}.attn.hook_v"],
                               _tl(post["v"])))
@@ -153,7 +174,7 @@ def test_qkv_equal_transformers(suite, arch, record_property):
     """hook_q/k/v (before rotary; unless a q/k norm sits between) and hook_rot_q/k (after)
     equal transformers' own vectors,
     and the census's key-bias cosine is the cosine of transformers' rotated q and k."""
-    from mechsink.measure.keys import key_bias_cosine
+    from mechsink.measure.keys import key_bias_cosine, scored_qk_hooks
 
     m = suite.get(arch)
     pairs = qkv_pairs(m)
@@ -165,7 +186,7 @@ def test_qkv_equal_transformers(suite, arch, record_property):
         m.hf(m.tokens)
         _, cache = m.bridge.run_with_cache(m.tokens)
     if len(ref["post"]) == int(m.bridge.cfg.n_layers):
-        got = key_bias_cosine(cache).first
+        got = key_bias_cosine(cache, scored_qk_hooks(m.bridge)).first
         q = torch.stack([F.normalize(r["q"], dim=-1) for r in ref["post"]], 1)  # b l h p d
         k = torch.stack([F.normalize(r["k"], dim=-1) for r in ref["post"]], 1)
         k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)
@@ -175,15 +196,21 @@ def test_qkv_equal_transformers(suite, arch, record_property):
 
 @pytest.mark.parametrize("arch", expected.cases("qkv_edit", ARCHS))
 def test_rotated_key_edit_equals_transformers(suite, arch, record_property):
-    """Scaling the rotated key at position 0 in block 1 by 10 (hook_rot_k; hook_k on a model without
-    rotary) gives transformers' logits with the same edit on the key its attention uses."""
+    """Scaling the scored key at position 0 in block 1 by 10 (hook_rot_k; hook_k on a model
+    without rotary; hook_k_normed where the q/k norm follows the rotary embedding) gives
+    transformers' logits with the same edit on the key its attention uses."""
+    from mechsink.measure.keys import NORMED_HOOKS, scored_qk_hooks
+
     m = suite.get(arch)
-    rotary = "blocks.1.attn.hook_rot_k" in m.bridge.hook_dict
-    name = f"blocks.1.attn.hook_{'rot_' if rotary else ''}k"
+    suffix = scored_qk_hooks(m.bridge)[1]
+    name = f"blocks.1.{suffix}"
 
     def key0_times_10(act: Tensor, hook: Any) -> Tensor:
         out = act.clone()
-        out[:, 0] *= 10.0
+        if suffix in NORMED_HOOKS:  # [batch, kv_head, pos, d]
+            out[:, :, 0] *= 10.0
+        else:
+            out[:, 0] *= 10.0
         return out
 
     def edit(call: int, what: str, x: Tensor) -> Tensor:

@@ -21,6 +21,10 @@ the installed ones by the tests), why it is needed and when it can go:
   the computation where the bridge never calls them: ``hook_rot_q/k`` (GPT-NeoX, GPT-J,
   Falcon, Phi-3, ...), and ``hook_attn_scores``/``hook_pattern`` on bridges that run
   transformers' attention (GPT-J, OPT, XGLM, Llama 4, ...), whose edits were discarded.
+- :mod:`~mechsink.model.patches.list_outputs`: a block's ``hook_resid_post`` fires when the
+  transformers block returns a list (GPT-1), where it never fired.
+- :mod:`~mechsink.model.patches.rotary_dtype`: rotated queries and keys cast back to a
+  half-precision model's dtype, as transformers does (the OLMo family failed in bfloat16).
 - :mod:`~mechsink.model.patches.gguf_quantisation`: a model decoded from GGUF no longer
   marked as quantised.
 - :mod:`~mechsink.model.patches.alibi_qkv_fork`: MPT's attention forks its input per head
