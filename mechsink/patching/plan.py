@@ -88,7 +88,7 @@ def copies_per_batch(
 def staircase(model: Any = None) -> bool:
     """Whether patches at different layers share a forward (needs start_at_patched_layer, and
     a model whose batch may grow mid-forward: probed once per model by
-    :func:`mechsink.model.capabilities`; Bloom, GPTBigCode, XGLM and OpenAI-GPT cannot)."""
+    :func:`mechsink.model.capabilities`; Bloom, GPTBigCode, OPT, XGLM and OpenAI-GPT cannot)."""
     if not (SPEEDUPS["staircase"] and SPEEDUPS["start_at_patched_layer"]):
         return False
     return model is None or capabilities(model).grows_at("hook_resid_pre")
