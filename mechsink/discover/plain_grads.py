@@ -207,10 +207,14 @@ def _close(a: Tensor, b: Tensor) -> bool:
 
 def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
                    weights: dict[str, Tensor], layer: int = 0) -> bool:
-    """The run's first block ``layer``: ``hook_normalized`` is ``x / s`` (or ``(x - mean) /
-    s``), the norm's output its gain times that (plus its bias), and q/k/v their projections
-    of it."""
-    needed = ("ln1_normalized", "ln1_out", "q0", "k0", "v0")
+    """The run's first block ``layer``: the norm's output is its gain times ``x / s`` (or
+    ``(x - mean) / s``) plus its bias, and q/k/v are their projections of it.
+
+    A bridge hooks both steps (``hook_normalized`` before the gain, ``hook_out`` after it); a
+    HookedTransformer's norm has no ``hook_out`` and its ``hook_normalized`` is before the
+    gain (RMSNorm) or after gain and bias (LayerNorm): whichever it holds is checked, and the
+    output is computed from it."""
+    needed = ("ln1_normalized", "q0", "k0", "v0")
     if any(k not in kept for k in needed):
         return False
     x, s = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
@@ -218,12 +222,23 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
     centred = x - x.mean(-1, keepdim=True) if norm == "ln" else x
     normed = kept["ln1_normalized"]
     w, b = _gain(model, layer), getattr(model.blocks[layer].ln1, "b", None)
-    out = normed * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
-    if not (_close(centred / s, normed) and _close(out, kept["ln1_out"])):
+
+    def gained(y: Tensor) -> Tensor:
+        return y * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
+
+    if "ln1_out" in kept:
+        out = kept["ln1_out"]
+        if not (_close(centred / s, normed) and _close(gained(normed), out)):
+            return False
+    elif _close(centred / s, normed):
+        out = gained(normed)
+    elif _close(gained(centred / s), normed):
+        out = normed
+    else:
         return False
     biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
     for kind in ("q", "k", "v"):
-        proj = torch.einsum("bpd,hde->bphe", kept["ln1_out"], weights[kind][layer])
+        proj = torch.einsum("bpd,hde->bphe", out, weights[kind][layer])
         bias = _bias(model, biases[kind], proj.shape[2], layer)
         if bias is not None:
             proj = proj + bias
