@@ -45,8 +45,8 @@ def say(text: str) -> None:
 
 
 def one_model(model_name: str, metric_spec: str | None, n: int, seq_len: int,
-              steps: list[int], top: int, sample: int, max_exact: int, seed: int
-              ) -> dict[str, Any]:
+              steps: list[int], top: int, sample: int, max_exact: int, seed: int,
+              memory_budget: int | None = None) -> dict[str, Any]:
     """Every row of the table for one model (runs in this process)."""
     from mechsink import load_model
     from mechsink.discover import GraphRun, eap, eap_ig
@@ -63,7 +63,8 @@ def one_model(model_name: str, metric_spec: str | None, n: int, seq_len: int,
         found = massive_channel_sets(model, tokens)
         metric = MassiveValue(found.creating_layer, 0, found.channel)
     run, setup_s = timed(lambda: GraphRun(model, tokens, metric, ablation="position_mean",
-                                          positions=[0], prepend_bos=False))
+                                          positions=[0], prepend_bos=False,
+                                          memory_budget=memory_budget))
     g = run.graph
     say(f"{model_name}: metric {metric.name} (clean {run.clean_value:.4g}), {g.n_edges} "
         f"edges; setup {setup_s:.1f} s; load average {os.getloadavg()[0]:.1f}")
@@ -106,7 +107,8 @@ def one_model(model_name: str, metric_spec: str | None, n: int, seq_len: int,
     return {"model": model_name, "metric": metric.name, "clean_value": run.clean_value,
             "n_edges": g.n_edges, "exact_edges": len(scored), "setup_s": setup_s, "n": n,
             "seq_len": seq_len, "top": top, "sample": sample, "rows": rows,
-            "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads()}
+            "load_average": os.getloadavg()[0], "torch_threads": torch.get_num_threads(),
+            "memory_budget": memory_budget}
 
 
 def timed(fn: Any) -> tuple[Any, float]:
@@ -152,14 +154,19 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=100)
     ap.add_argument("--max-exact", type=int, default=20000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--memory-budget", action="append", default=[],
+                    help="MODEL=BYTES: the GraphRun's memory budget for that model (copies "
+                         "stacked per forward); default mechsink's")
     ap.add_argument("--out", default=None, help="also write the numbers as JSON here")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: this model
     ap.add_argument("--json", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     specs = dict(m.split("=", 1) for m in args.metric)
+    budgets = {k: int(v) for k, v in (m.split("=", 1) for m in args.memory_budget)}
     if args.one:
         res = one_model(args.one, specs.get(args.one), args.n, args.seq_len, args.steps,
-                        args.top, args.sample, args.max_exact, args.seed)
+                        args.top, args.sample, args.max_exact, args.seed,
+                        budgets.get(args.one))
         Path(args.json).write_text(json.dumps(res))
         return
     results = []
@@ -171,11 +178,13 @@ def main() -> None:
                    "--sample", str(args.sample), "--max-exact", str(args.max_exact),
                    "--seed", str(args.seed), "--steps", *map(str, args.steps)]
             cmd += [x for m in args.metric for x in ("--metric", m)]
+            cmd += [x for m in args.memory_budget for x in ("--memory-budget", m)]
             subprocess.run(cmd, check=True)
             results.append(json.loads(out.read_text()))
-    print(table(results))
-    if args.out:
-        atomic_write_json(args.out, {"results": results})
+            print(table(results[-1:]), flush=True)  # each model's table as it ends
+            if args.out:
+                atomic_write_json(args.out, {"results": results})
+    print("\nAll models:" + table(results))
 
 
 if __name__ == "__main__":

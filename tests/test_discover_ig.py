@@ -169,3 +169,27 @@ def test_bad_ig_options_are_refused(llama_tiny):
         eap_ig(run, ig="layers")
     with pytest.raises(BadInputError, match="ig='coefficients'"):
         eap_ig(run, ig="activations", edges=[0])
+
+
+@pytest.mark.parametrize("fixture", ["llama_tiny", "gpt2_tiny"])
+def test_graph_mode_group_runs_equal_edge_coefficients(request, fixture):
+    """The graph-mode group run (the group's writes added where they enter the residual)
+    gives the gradients of run_coeffs with alpha on every edge out of the group, at every
+    receiver after the group."""
+    from mechsink.discover.methods.eap_ig import graph_group_grads, group_rows
+
+    model = request.getfixturevalue(fixture)
+    run = GraphRun(model, CLEAN, LogitDiff(11, 12), corrupted=CORR)
+    g = run.graph
+    for group in sender_groups(run):
+        coeffs = torch.zeros(2, len(g.senders), len(g.receivers))
+        coeffs[:, group] = g.valid[group].float()
+        coeffs *= torch.tensor([0.25, 0.75]).view(-1, 1, 1)
+        ref = run.run_coeffs(coeffs, with_grad=True)[1]
+        got = graph_group_grads(run, group, [0.25, 0.75])
+        def summed(grads):  # the two copies' gradients added, as the method does
+            return {k: v.view(2, run.batch, *v.shape[1:]).sum(0) for k, v in grads.items()}
+
+        a, b = group_rows(run, summed(got), group), group_rows(run, summed(ref), group)
+        assert float((a - b).abs().max()) <= 1e-5 * max(1.0, float(b.abs().max()))
+        assert float(b.abs().max()) > 0

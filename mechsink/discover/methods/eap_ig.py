@@ -24,6 +24,7 @@ Three paths between clean and corrupted, ``ig=``:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from jaxtyping import Float
@@ -31,9 +32,11 @@ from torch import Tensor
 
 from mechsink.discover import plain_grads, scores
 from mechsink.discover.methods import register
-from mechsink.discover.run import GraphRun
+from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.discover.scores import EdgeScores
 from mechsink.errors import BadInputError
+from mechsink.model import act_name
+from mechsink.patching import engine
 
 #: the interpolation paths ``ig=`` takes
 PATHS = ("inputs", "activations", "coefficients")
@@ -123,7 +126,7 @@ def _group_steps(run: GraphRun, alphas: list[float]) -> Float[Tensor, "sender re
     the receivers after it summed over the steps, and the group's rows of the score matrix
     are its deltas times those sums. The embedding's group is the input path's first step.
     Where :mod:`mechsink.discover.plain_grads`'s premises fail, graph mode runs the same
-    interpolation as edge coefficients (``alpha`` on every edge out of the group)."""
+    interpolation (:func:`graph_group_grads`)."""
     g = run.graph
     total = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
     b = run.batch
@@ -153,15 +156,55 @@ def _group_grads(run: GraphRun, group: list[int], chunk: list[float], plain: boo
         if run.graph.senders[group[0]].stage == 0:
             return plain_grads.receiver_grads(run, chunk)
         return plain_grads.receiver_grads(run, chunk, group=group)
-    g = run.graph
-    coeffs = torch.zeros(len(chunk), len(g.senders), len(g.receivers))
-    coeffs[:, group] = g.valid[group].float()
-    coeffs *= torch.tensor(chunk).view(-1, 1, 1)
-    if g.senders[group[0]].stage == 0:  # the embedding: a shifted input, no injections
-        _, grads, _ = run.run_coeffs(torch.zeros_like(coeffs), with_grad=True,
-                                     embed_shift=torch.tensor(chunk))
+    return graph_group_grads(run, group, chunk)
+
+
+def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
+                      ) -> dict[str, Tensor]:
+    """Graph mode (every head reading its own fork of the residual): ``group``'s writes moved
+    by each of ``chunk`` where they enter the residual stream (``hook_attn_out``, or the
+    post-attention norm's output on models that normalise the heads' sum; ``hook_resid_post``
+    after an MLP), the run from the group's block, the gradient kept at every receiver slot
+    after it. The same as :meth:`GraphRun.run_coeffs` with ``alpha`` on every edge out of the
+    group (tests compare them), whose hooks keep every write for the backward pass; here the
+    hooks hold no tensors, so a run's autograd graph is freed when it ends."""
+    g, model = run.graph, run.model
+    stage = g.senders[group[0]].stage
+    start = max(0, (stage - 1) // 2)
+    at = None  # the embedding: the run's input moves
+    if stage and stage % 2 == 0:
+        at = act_name("resid_post", start)
+    elif stage:
+        at = act_name("ln1_post.hook_out" if run.post_norm else "attn_out", start)
+    copies = len(chunk)
+    shift = torch.tensor(chunk, dtype=run.delta.dtype).view(copies, 1, 1, 1)
+    moved = (shift * run.delta[:, :, group].sum(2)).flatten(0, 1)
+    grads: dict[str, Tensor] = {}
+
+    def inject(act: Tensor, hook: Any) -> Tensor:
+        return act + moved.to(act.dtype)
+
+    def keep(name: str) -> Any:
+        def hook(act: Tensor, hook: Any) -> Tensor | None:
+            if not act.requires_grad:
+                return None
+            new = act.view_as(act)  # its own node: q, k and v may read one tensor
+            new.register_hook(lambda gr: grads.__setitem__(name, gr))
+            return new
+        return hook
+
+    hooks = [(slot.hook, keep(slot.hook)) for slot in run.slots(start)]
+    resid = run.clean.acts[act_name("resid_pre", start)].repeat(copies, 1, 1)
+    if at is None:
+        resid = resid + moved.to(resid.dtype)
     else:
-        _, grads, _ = run.run_coeffs(coeffs, with_grad=True)
+        hooks.insert(0, (at, inject))
+    resid = resid.detach().requires_grad_(True)
+    with graph_mode(model):
+        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid, start,
+                                  copies, hooks, stacked=True, grad=True,
+                                  context="on the gradient run")[0]
+        torch.autograd.grad(torch.stack(vals).sum(), [resid], allow_unused=True)
     return grads
 
 
