@@ -142,18 +142,18 @@ def test_eap_ig_on_one_edge_is_its_exact_patch(llama_tiny):
     run = GraphRun(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR)
     ex = exact_scores(run).values
     e = int(ex.abs().argmax())
-    ig = eap_ig(run, steps=24, ig="activations", edges=[e], qk_fix=False, verify=0).values
+    ig = eap_ig(run, steps=24, ig="coefficients", edges=[e], qk_fix=False, verify=0).values
     assert float(ig[e]) == pytest.approx(float(ex[e]), rel=2e-3, abs=1e-7)
 
 
 def test_eap_ig_approaches_the_total_effect(gpt2_tiny):
-    """EAP-IG on activations adds up to m(corrupted) - m(clean) (the corrupted run's metric
+    """EAP-IG on edge coefficients adds up to m(corrupted) - m(clean) (the corrupted run's metric
     from a plain forward), and gets closer as steps grow; plain EAP does not."""
     run = GraphRun(gpt2_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR)
     with torch.no_grad():
         lc, lx = gpt2_tiny(CLEAN), gpt2_tiny(CORR)
     total = float((lx[:, -1, 11] - lx[:, -1, 12]).mean() - (lc[:, -1, 11] - lc[:, -1, 12]).mean())
-    errs = [abs(float(eap_ig(run, steps=s, ig="activations", qk_fix=False,
+    errs = [abs(float(eap_ig(run, steps=s, ig="coefficients", qk_fix=False,
                              verify=0).values.sum()) - total)
             for s in (1, 3, 12)]
     assert errs[2] < 0.01 * abs(total) and errs[2] < errs[1] < errs[0]

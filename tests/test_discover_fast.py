@@ -59,7 +59,7 @@ def test_fast_scores_equal_the_per_slot_einsum(request, fixture, metric, how):
     # and through the methods (EAP; EAP-IG on inputs, whose steps move the embedding)
     e = eap(run, qk_fix=False, verify=0)
     assert (e.values - slow[run.graph.src, run.graph.dst]).abs().max() <= 1e-5 * max(1.0, scale)
-    ig = eap_ig(run, steps=2, qk_fix=False, verify=0)
+    ig = eap_ig(run, steps=2, ig="inputs", qk_fix=False, verify=0)
     ref = torch.zeros_like(slow)
     path = torch.zeros_like(slow)
     path[0] = run.graph.valid[0].double()

@@ -143,3 +143,54 @@ def test_super_neuron_sets_as_nodes(llama_tiny):
     assert parse_neurons("super") == "super"
     with pytest.raises(BadInputError, match="'super'"):
         GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, neurons="all")
+
+
+def _planted_super_neuron(neuron: int = 94, channel: int = 7):
+    """random:gpt2-tiny with a super neuron planted by hand: position 0's positional embedding
+    carries a marker channel (20 where other entries are ~0.02), neuron ``neuron`` of MLP 0
+    reads the marker above a threshold (so it fires at position 0 only) and writes 50 per unit
+    into ``channel``: a massive channel at position 0 made by one neuron."""
+    from mechsink import load_model
+    from mechsink.model import hf_model_of
+
+    model = load_model("random:gpt2-tiny", device="cpu", seed=0)
+    tr = hf_model_of(model).transformer
+    marker = 3
+    with torch.no_grad():
+        tr.wpe.weight[0, marker] = 20.0
+        fc, proj = tr.h[0].mlp.c_fc, tr.h[0].mlp.c_proj
+        fc.weight[:, neuron] = 0.0
+        fc.weight[marker, neuron] = 1.0
+        fc.bias[neuron] = -3.0
+        proj.weight[neuron] = 0.0
+        proj.weight[neuron, channel] = 50.0
+    return model
+
+
+def test_p0_edges_names_the_super_neuron_in_its_circuit():
+    """p0_edges's default neurons="super": the census's set is graph nodes, and the circuit of
+    the massive channel at position 0 runs through the planted neuron (its position-0 write
+    replaced by the later positions' mean, where it is silent, removes the channel)."""
+    from mechsink.experiments import p0_edges
+    from mechsink.interventions.readout import massive_channel_sets
+
+    model = _planted_super_neuron()
+    data = p0_edges.run(model, n=2, seq_len=6, steps=2, verify=3, n_random=1).data
+    assert data["super_neuron"] == {"layer": 0, "neuron": 94, "channel": 7}
+    tokens = torch.full((1, 6), int(model.tokenizer.bos_token_id))  # what the census sees
+    found = massive_channel_sets(model, tokens)
+    assert found.channel == 7 and 94 in [n for n, _ in found.sets[0].neurons]
+    nodes = data["neurons"]["nodes"]
+    assert "L0N94" in nodes and nodes == data["graph"]["senders"][
+        data["graph"]["senders"].index("MLP0") + 1:][:len(nodes)]
+    assert "L0N94" in data["neurons"]["in_circuit"]
+    assert any(r["sender"] == "L0N94" for r in data["circuit"]["edges"])
+    assert data["top_edges"][0]["edge"].startswith(("L0N94->", "embed->MLP0"))
+    plain = p0_edges.run(model, n=2, seq_len=6, steps=2, verify=0, n_random=1,
+                         neurons="none").data
+    assert plain["neurons"]["nodes"] == [] and "L0N94" not in plain["graph"]["senders"]
+    named = p0_edges.run(model, n=2, seq_len=6, steps=2, verify=0, n_random=1,
+                         neurons="L0:94").data
+    assert named["neurons"]["nodes"] == ["L0N94"]
+    with pytest.raises(BadInputError, match="neurons"):
+        p0_edges.run(model, n=2, seq_len=6, neurons="L0:")

@@ -51,3 +51,15 @@ def test_one_default_for_the_qk_fix():
                                                                               discover)]
     cli = inspect.signature(cli_discover).parameters["qk_fix"].default
     assert defaults == [True, True, True] and getattr(cli, "default", cli) is True
+
+
+def test_one_default_for_the_ig_path():
+    """EAP-IG on activations is the default everywhere (eap_ig, discover, the CLI): on the
+    saturated sink metrics it agrees best with exact patching (benchmarks/discover_agreement)."""
+    from mechsink.app.cli import discover as cli_discover
+    from mechsink.discover import discover
+
+    defaults = [inspect.signature(f).parameters["ig"].default for f in (eap_ig, discover)]
+    cli = inspect.signature(cli_discover).parameters["ig"].default
+    assert defaults == ["activations", "activations"]
+    assert getattr(cli, "default", cli) == "activations"

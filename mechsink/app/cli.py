@@ -544,7 +544,7 @@ def discover(
     n: int = typer.Option(8, help="natural prompts when --clean is not given"),
     seq_len: int = typer.Option(32, help="tokens per natural prompt"),
     steps: int = typer.Option(5, help="EAP-IG interpolation steps"),
-    ig: str = typer.Option("inputs", help="EAP-IG on inputs or activations"),
+    ig: str = typer.Option("activations", help="EAP-IG on inputs or activations"),
     qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
     verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
     select: str = typer.Option("top", help="top (by score) or greedy"),

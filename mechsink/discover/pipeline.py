@@ -75,7 +75,7 @@ def discover(
     positions: Sequence[int] | None = None,
     method: str = "eap-ig",
     steps: int = 5,
-    ig: str = "inputs",
+    ig: str = "activations",
     qk_fix: bool = True,
     verify: int = 20,
     select: str = "top",

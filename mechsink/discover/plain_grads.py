@@ -16,6 +16,16 @@ The model's own tensors check the premises on every run (layer 0: the norm's out
 ``x`` and ``s``, each projection from the norm's output); where one fails (a query/key norm
 after the projection, a gain of ``1 + w``, a fused projection), :func:`receiver_grads` returns
 None and the caller uses graph mode. Tests compare both to 1e-5.
+
+EAP-IG on activations moves one sender group's writes instead of the embedding (a layer's
+heads, or its MLP with its neuron senders: ``group=``): nothing upstream of the group changes,
+so the run starts at the group's block, from the clean residual, and the group's shifted
+writes are added where they enter the residual stream (``hook_attn_out``, the sum of the
+heads' writes; ``hook_resid_post`` after the MLP: ``hook_resid_mid`` would not do, a bridge
+hands the MLP its input before that hook); every receiver downstream reads that one residual,
+so the same closed form gives their gradients. Not on models whose attention output is
+normalised again (the heads' writes are shares of a norm's output) or whose attention and MLP
+run in parallel: graph mode there.
 """
 
 from __future__ import annotations
@@ -76,17 +86,24 @@ def _norm_kind(model: Any) -> str | None:
     return "rms" if kind.startswith("RMS") else "ln" if kind.startswith("LN") else None
 
 
-def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[int] = ()
-                   ) -> dict[str, Tensor] | None:
+def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[int] = (),
+                   *, group: Sequence[int] | None = None) -> dict[str, Tensor] | None:
     """The gradient of each copy's metric at every receiver hook (the keys and layout of
     :meth:`GraphRun.run_coeffs` with ``with_grad``: rows ``c * batch ..``), copy ``c`` run
     with the input embedding moved by ``shifts[c]`` times its delta and nothing injected; and
-    at ``pattern_layers``' attention patterns. None where the premises do not hold."""
+    at ``pattern_layers``' attention patterns. ``group`` (sender numbers of one stage: a
+    layer's heads, or its MLP and neurons): those senders' writes move by ``shifts[c]`` times
+    their delta instead, the run starting at their block (receivers before it get no
+    gradient). None where the premises do not hold."""
     model = run.model
     norm = _norm_kind(model)
     if norm is None or not run.delta.numel():
         return None
-    layers = _layers(run)
+    start, at = _start(run, group)
+    if at is not None and (at not in hook_names(model) or run.post_norm
+                           or getattr(model.cfg, "parallel_attn_mlp", False)):
+        return None
+    layers = [layer for layer in _layers(run) if layer >= start]
     kept: dict[str, Tensor] = {}
     grads: dict[str, Tensor] = {}
 
@@ -106,34 +123,43 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             return new
         return hook
 
+    copies = len(shifts)
+    shift = torch.tensor(list(shifts), dtype=run.delta.dtype).view(copies, 1, 1, 1)
+    resid0 = run.clean.acts[act_name("resid_pre", start)].repeat(copies, 1, 1)
     hooks = []
+    if at is None:
+        step = (shift * run.delta[:, :, 0]).flatten(0, 1).to(resid0.dtype)  # a float32 delta
+        resid0 = resid0 + step  # must not lift a half-precision model's input
+    else:
+        assert group is not None
+        moved = (shift * run.delta[:, :, list(group)].sum(2)).flatten(0, 1)
+
+        def inject(act: Tensor, hook: Any) -> Tensor:
+            return act + moved.to(act.dtype)
+        hooks.append((at, inject))
     for layer in layers:
         hooks += [(act_name("resid_pre", layer), value(act_name("resid_pre", layer))),
                   (act_name("ln1.hook_scale", layer), value(act_name("ln1.hook_scale", layer)))]
         hooks += [(act_name(k, layer), grad_of(act_name(k, layer))) for k in ("q", "k", "v")]
-    hooks += [(act_name("ln1.hook_normalized", 0), value("ln1_normalized")),
-              (act_name("ln1.hook_out", 0), value("ln1_out"))]
-    hooks += [(act_name(k, 0), value(f"{k}0")) for k in ("q", "k", "v")]
-    for slot in run.slots():
+    hooks += [(act_name("ln1.hook_normalized", start), value("ln1_normalized")),
+              (act_name("ln1.hook_out", start), value("ln1_out"))]
+    hooks += [(act_name(k, start), value(f"{k}0")) for k in ("q", "k", "v")]
+    for slot in run.slots(start):
         if not slot.heads:  # the MLP's own input and a metric at a block's output
             hooks.append((slot.hook, grad_of(slot.hook)))
     hooks += [(act_name("pattern", layer), grad_of(act_name("pattern", layer)))
-              for layer in pattern_layers]
+              for layer in pattern_layers if layer >= start]
     known = hook_names(model)  # a model without some of them (TransformerLens 2's LNPre has
     hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
-    copies = len(shifts)
-    resid0 = run.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
-    shift = torch.tensor(list(shifts), dtype=resid0.dtype).view(copies, 1, 1, 1)
-    step = (shift * run.delta[:, :, 0]).flatten(0, 1).to(resid0.dtype)  # a float32 delta must
-    resid0 = (resid0 + step).requires_grad_(True)  # not lift a half-precision model's input
+    resid0 = resid0.detach().requires_grad_(True)
     with mlp_in_only(model):
-        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid0, 0, copies,
-                                  hooks, stacked=True, grad=True,
+        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid0, start,
+                                  copies, hooks, stacked=True, grad=True,
                                   context="on the gradient run")[0]
         torch.autograd.grad(torch.stack(vals).sum(), [resid0], allow_unused=True)
     weights = {k: _weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
     # model.W_Q stacks every layer's weights)
-    if not _premises_hold(model, kept, norm, weights):
+    if not _premises_hold(model, kept, norm, weights, start):
         return None
     for layer in layers:
         x, scale = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
@@ -146,6 +172,20 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             u = u if w is None else u * w
             grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
     return grads
+
+
+def _start(run: Any, group: Sequence[int] | None) -> tuple[int, str | None]:
+    """The block a run moving ``group``'s writes starts at, and the hook where they enter the
+    residual stream (None: the embedding, moved in the run's input)."""
+    if group is None:
+        return 0, None
+    stages = {run.graph.senders[i].stage for i in group}
+    if len(stages) != 1 or 0 in stages:
+        raise ValueError(f"a group is the senders of one stage after the embedding, got "
+                         f"stages {sorted(stages)}.")
+    stage = stages.pop()
+    layer = (stage - 1) // 2
+    return layer, act_name("attn_out" if stage % 2 else "resid_post", layer)
 
 
 def _norm_vjp(u: Tensor, x: Float[Tensor, "rows pos d_model"], scale: Tensor, norm: str
@@ -166,24 +206,40 @@ def _close(a: Tensor, b: Tensor) -> bool:
 
 
 def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
-                   weights: dict[str, Tensor]) -> bool:
-    """Layer 0 of this run: ``hook_normalized`` is ``x / s`` (or ``(x - mean) / s``), the
-    norm's output its gain times that (plus its bias), and q/k/v their projections of it."""
-    needed = ("ln1_normalized", "ln1_out", "q0", "k0", "v0")
+                   weights: dict[str, Tensor], layer: int = 0) -> bool:
+    """The run's first block ``layer``: the norm's output is its gain times ``x / s`` (or
+    ``(x - mean) / s``) plus its bias, and q/k/v are their projections of it.
+
+    A bridge hooks both steps (``hook_normalized`` before the gain, ``hook_out`` after it); a
+    HookedTransformer's norm has no ``hook_out`` and its ``hook_normalized`` is before the
+    gain (RMSNorm) or after gain and bias (LayerNorm): whichever it holds is checked, and the
+    output is computed from it."""
+    needed = ("ln1_normalized", "q0", "k0", "v0")
     if any(k not in kept for k in needed):
         return False
-    x, s = kept[act_name("resid_pre", 0)], kept[act_name("ln1.hook_scale", 0)]
+    x, s = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
     s = s.reshape(*x.shape[:2], 1)
     centred = x - x.mean(-1, keepdim=True) if norm == "ln" else x
     normed = kept["ln1_normalized"]
-    w, b = _gain(model, 0), getattr(model.blocks[0].ln1, "b", None)
-    out = normed * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
-    if not (_close(centred / s, normed) and _close(out, kept["ln1_out"])):
+    w, b = _gain(model, layer), getattr(model.blocks[layer].ln1, "b", None)
+
+    def gained(y: Tensor) -> Tensor:
+        return y * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
+
+    if "ln1_out" in kept:
+        out = kept["ln1_out"]
+        if not (_close(centred / s, normed) and _close(gained(normed), out)):
+            return False
+    elif _close(centred / s, normed):
+        out = gained(normed)
+    elif _close(gained(centred / s), normed):
+        out = normed
+    else:
         return False
     biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
     for kind in ("q", "k", "v"):
-        proj = torch.einsum("bpd,hde->bphe", kept["ln1_out"], weights[kind][0])
-        bias = _bias(model, biases[kind], proj.shape[2])
+        proj = torch.einsum("bpd,hde->bphe", out, weights[kind][layer])
+        bias = _bias(model, biases[kind], proj.shape[2], layer)
         if bias is not None:
             proj = proj + bias
         if proj.shape != kept[f"{kind}0"].shape or not _close(proj, kept[f"{kind}0"]):
@@ -197,14 +253,14 @@ def _gain(model: Any, layer: int) -> Tensor | None:
     return None if w is None else w.detach()
 
 
-def _bias(model: Any, name: str, heads: int) -> Tensor | None:
-    """Layer 0's projection bias ``[head, d_head]`` for ``heads`` heads, or None."""
+def _bias(model: Any, name: str, heads: int, layer: int = 0) -> Tensor | None:
+    """Layer ``layer``'s projection bias ``[head, d_head]`` for ``heads`` heads, or None."""
     if is_hooked_transformer(model) and name != "b_Q" and heads != int(model.cfg.n_heads):
-        b = getattr(model.blocks[0].attn, f"_{name}", None)
+        b = getattr(model.blocks[layer].attn, f"_{name}", None)
     else:
         try:
             b = getattr(model, name)
         except (AttributeError, RuntimeError):
             return None
-        b = None if b is None else b[0]
+        b = None if b is None else b[layer]
     return None if b is None else b.detach()

@@ -16,6 +16,12 @@ sequence (``position_mean``, what an ordinary position writes). Then:
    (:mod:`mechsink.discover.node_search`: components added by single-ablation effect, each node set
    turned into the edges among its members), so the two methods are compared on one axis.
 
+By default (``neurons="super"``) the census's complete super-neuron sets (Yu et al. 2024, "The
+Super Weight in Large Language Models", made complete: :mod:`mechsink.discover.super_nodes`) in
+the blocks up to the metric's are graph nodes of their own (``L3N1229``, their MLP the rest of
+its write), so the circuit can name super neurons; where the census finds none, the graph has
+none. ``neurons="none"``: MLPs as whole nodes; ``"L3:1229,1487"``: those neurons.
+
 :func:`edge_part` does all of it for given tokens and super neuron, so the p0_sink experiment
 can add it to its own result.
 """
@@ -23,7 +29,7 @@ can add it to its own result.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +44,12 @@ from mechsink.discover import (
     sets_curve,
     top_n,
 )
+from mechsink.discover.graph import metric_point, parse_neurons
 from mechsink.discover.node_search import minimal_circuit, single_effects
 from mechsink.discover.pipeline import NON_FINITE
 from mechsink.discover.scores import strict_json
+from mechsink.discover.super_nodes import super_neuron_nodes
+from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.readout import dominant_super_neuron
@@ -82,11 +91,17 @@ def edge_part(
     model: Any, tokens: torch.Tensor, *, channel: int, layer: int, method: str = "eap-ig",
     steps: int = 5, qk_fix: bool = True, verify: int = 20, target: float = 0.9,
     ablations: Sequence[str] = ("position_mean", "zero"), n_random: int = 3, top: int = 40,
+    neurons: Mapping[int, Sequence[int]] | str | None = "super",
 ) -> dict[str, Any]:
-    """The edge circuit of the massive ``channel`` at position 0 after block ``layer``."""
+    """The edge circuit of the massive ``channel`` at position 0 after block ``layer``;
+    ``neurons`` (layer -> indices, ``"super"`` or None) as in
+    :class:`~mechsink.discover.run.GraphRun`, the super-neuron sets found once for every
+    ablation's graph."""
     metric = MassiveValue(layer, 0, channel)
-    runs = {a: GraphRun(model, tokens, metric, ablation=a, positions=[0], prepend_bos=False)
-            for a in ablations}
+    if neurons == "super":
+        neurons = super_neuron_nodes(model, tokens, metric_point(model, metric))
+    runs = {a: GraphRun(model, tokens, metric, ablation=a, positions=[0], prepend_bos=False,
+                        neurons=neurons) for a in ablations}
     run = runs[ablations[0]]
     kw: dict[str, Any] = {} if method == "exact" else {"qk_fix": qk_fix, "verify": verify}
     if method == "eap-ig":
@@ -115,7 +130,12 @@ def edge_part(
     circuit = top_n(scores, reached)
     circuit.faithfulness = float(faithfulness(run, circuit.mask().unsqueeze(0))[0])
     data = scores.to_dict(top=top)
-    return {"metric": f"massive channel {channel} at position 0 after block {layer}",
+    g = run.graph
+    neuron_names = [s.name for s in g.senders if s.kind == "neuron"]
+    in_circuit = [n for n in circuit.nodes() if n in set(neuron_names)]
+    return {"neurons": {"nodes": neuron_names, "in_circuit": in_circuit,
+                        "in_node_circuit": [m for m in members if m in set(neuron_names)]},
+            "metric": f"massive channel {channel} at position 0 after block {layer}",
             "method": method, "settings": data["settings"], "graph": data["graph"],
             "clean_value": scores.clean_value,
             "everything_ablated": {a: r.empty_value for a, r in runs.items()},
@@ -127,13 +147,17 @@ def edge_part(
 
 def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int = 16,
         method: str = "eap-ig", steps: int = 5, verify: int = 20, n_random: int = 3,
-        target: float = 0.9) -> ExperimentResult:
-    """The P0-sink edge circuit on ``n`` natural sequences of ``seq_len`` tokens (with BOS)."""
+        target: float = 0.9, neurons: str = "super") -> ExperimentResult:
+    """The P0-sink edge circuit on ``n`` natural sequences of ``seq_len`` tokens (with BOS).
+    ``neurons``: ``"super"`` (the census's super-neuron sets as nodes, see the module doc),
+    ``"none"`` or ``"L3:1229,1487"`` (``;`` between layers)."""
     check_experiment_settings("p0_edges", locals())  # before any work, as the CLI does
+    wanted = neuron_setting(neurons)
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     sn = dominant_super_neuron(model, tokens)
     part = edge_part(model, tokens, channel=sn.channel, layer=sn.layer, method=method,
-                     steps=steps, verify=verify, n_random=n_random, target=target)
+                     steps=steps, verify=verify, n_random=n_random, target=target,
+                     neurons=wanted)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
             "seq_len": seq_len,
             "super_neuron": {k: getattr(sn, k) for k in ("layer", "neuron", "channel")}, **part}
@@ -141,6 +165,17 @@ def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int =
     if paths:
         data["non_finite"] = {"paths": paths, "reason": NON_FINITE}
     return ExperimentResult("p0_edges", data)
+
+
+def neuron_setting(neurons: Any) -> dict[int, list[int]] | str | None:
+    """The ``neurons`` setting as :class:`~mechsink.discover.run.GraphRun` takes it (a bad
+    one is a one-line error before any work)."""
+    if not isinstance(neurons, str):
+        raise BadInputError(f"p0_edges --neurons must be 'super', 'none' or 'L<layer>:<n>,<n>', "
+                            f"got {neurons!r}.")
+    if neurons.strip() == "none":
+        return None
+    return parse_neurons(neurons)
 
 
 def summary(data: dict[str, Any]) -> str:
@@ -168,6 +203,11 @@ def summary(data: dict[str, Any]) -> str:
         lines += [f"QK fix: {qk['edges_rescored']} edges rescored; top-{qk['k']} overlap with "
                   f"first order {qk['top_k_overlap']}/{qk['k']}."]
     c = data["circuit"]
+    nn = data.get("neurons") or {}
+    if nn.get("nodes"):
+        lines += ["", f"Neuron nodes: {', '.join(nn['nodes'])}; in the edge circuit: "
+                  f"{', '.join(nn['in_circuit']) or 'none'}; in the node circuit: "
+                  f"{', '.join(nn['in_node_circuit']) or 'none'}."]
     lines += ["", f"Edge circuit: {c['n_edges']} of {g['n_edges']} edges, faithfulness "
               f"{_f(c['faithfulness'])} (criterion: the fewest top edges reaching the target "
               "on the position_mean curve).",
@@ -195,4 +235,5 @@ def figure(data: dict[str, Any], path: Path) -> Path:
     return out
 
 
-__all__ = ["FIGURE", "SCHEMA", "edge_part", "figure", "node_circuit", "run", "summary"]
+__all__ = ["FIGURE", "SCHEMA", "edge_part", "figure", "neuron_setting", "node_circuit", "run",
+           "summary"]
