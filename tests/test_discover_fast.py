@@ -85,3 +85,22 @@ def test_exact_edges_on_the_staircase_equal_one_layer_per_batch(request, fixture
     per_layer = run.exact(edges.tolist(), batch_size=7)
     assert (stair - per_layer).abs().max() <= 1e-5 * max(1.0, float(per_layer.abs().max()))
     assert (per_layer - run.clean_value).abs().max() > 1e-6
+
+
+def test_a_gradient_run_keeps_nothing_alive(llama_tiny):
+    """run_coeffs(with_grad=True) leaves no run's autograd graph behind: its gradient hooks once
+    held the hook object (and its writes), a cycle through autograd's nodes that kept every
+    run's graph and gradients (about 90 MB a call on llama-tiny, 22 GB on a Gemma EAP-IG)."""
+    import gc
+    import weakref
+
+    run = GraphRun(llama_tiny, _tokens(0), SinkScore(1), corrupted=_tokens(1))
+    coeffs = torch.zeros(1, *run.graph.valid.shape, dtype=torch.float64)
+    kept = []
+    for _ in range(3):
+        _, grads, _ = run.run_coeffs(coeffs, with_grad=True)
+        assert grads
+        kept += [weakref.ref(g) for g in grads.values()]
+        del grads
+    gc.collect()
+    assert not [r for r in kept if r() is not None]

@@ -598,7 +598,10 @@ class _CoeffHooks:
                                    d.view(copies, b, *d.shape[1:]), c).flatten(0, 1)
                 new = act + (inj if slot.heads else inj[:, :, 0])
             if self.with_grad:
-                new.register_hook(lambda gr, name=slot.hook: self.grads.__setitem__(name, gr))
+                # the gradient hook holds the dict only: holding ``self`` (and so the writes it
+                # keeps) closed a cycle through autograd's nodes that kept every run's graph
+                grads = self.grads
+                new.register_hook(lambda gr, name=slot.hook: grads.__setitem__(name, gr))
                 if self.keep_writes:
                     assert d is not None
                     self.deltas[slot.hook] = d.detach()
