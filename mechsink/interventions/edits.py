@@ -31,7 +31,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import KINDS, as_ablation
 from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
-from mechsink.model.support import check_edits_reach, check_hooks_supported
+from mechsink.model.support import check_edits_reach, check_hooks_supported, check_supported
 from mechsink.names import KINDS as PLACE_KINDS
 from mechsink.names import UNIT_WORDS, Name, parse_name, unit_count
 
@@ -90,10 +90,11 @@ def applied(model: Any, interventions: Sequence[Intervention]) -> Iterator[Any]:
 
 
 def _check_edits(model: Any, hooks: Sequence[str], what: str) -> None:
-    """One line, before any work, when the edits of ``hooks`` cannot reach the model: a hook it
-    never fires (the whole architecture's refusal where it has one: RWKV has no attention), or
-    a pattern whose edits it discards. Edits of hooks that fire run, also on a model whose
-    readout is refused (a hybrid's attention layers)."""
+    """One line, before any work, when the edits of ``hooks`` cannot run exactly: a model the
+    interventions do not support (no softmax attention in every block: on Mamba a
+    ``scale_tokens`` edit of the block input that fires is 1.4 off the same edit made in
+    transformers), a hook it never fires, or a pattern whose edits it discards."""
+    check_supported(model, "interventions")
     check_hooks_supported(model, "interventions", what, hooks)
     check_edits_reach(model, "interventions", what, hooks)
 

@@ -11,6 +11,7 @@ short forward each (2 sequences of 3 tokens) and are cached per model.
 from __future__ import annotations
 
 import re
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -348,7 +349,10 @@ def _edit_problem(model: Any, suffix: str) -> str | None:
         return torch.where(own, act, torch.full_like(act, torch.finfo(act.dtype).min))
 
     clean = model(tokens, return_type="logits")
-    edited = model.run_with_hooks(tokens, return_type="logits", fwd_hooks=[(name, identity)])
+    with warnings.catch_warnings():  # TransformerLens warns of the discarded edit: we say it
+        warnings.simplefilter("ignore")
+        edited = model.run_with_hooks(tokens, return_type="logits",
+                                      fwd_hooks=[(name, identity)])
     if _rel(edited, clean) > PROBE_TOL:
         return None
     return (f"ignore edits of {suffix} (setting {name} to attend-to-self leaves the logits "

@@ -53,6 +53,10 @@ def entry_call(m: Any, check: str) -> Callable[[], Any]:
         return {"ablate": lambda: ablate(model, "L0H1", mode="zero"),
                 "mask": lambda: attend_only_to_self(model, [1], position=3),
                 "scale": lambda: scale_tokens(model, 1, [2], 4.0)}[kind]
+    if family == "discovery":
+        from mechsink.discover import GraphRun
+
+        return lambda: GraphRun(model, clean, _logit_metric, corrupted=_corrupted(clean))
     if family == "qkv_edit":
         return lambda: ablate(model, f"blocks.1.{scored_qk_hooks(model)[1]}", mode="scale",
                               scale=10.0, positions=[0])
@@ -62,13 +66,41 @@ def entry_call(m: Any, check: str) -> Callable[[], Any]:
 def _cases() -> list:
     out = []
     for (arch, check), why in sorted(expected.refusals().items()):
-        if check.startswith("discovery:"):
-            continue  # test_paths_and_edits.test_discovery_refusal_is_one_line_before_any_forward
+        if check.startswith("discovery:") or check == "*":
+            continue  # discovery: test_paths_and_edits; "*": the load test below
         if check.endswith(":*"):
             check = {"path:*": "path:metric", "intervention:*": "intervention:ablate",
                      "activation:*": "activation:resid_pre"}[check]
         out.append(pytest.param(arch, check, why, id=f"{check}-{arch}"))
     return out
+
+
+def _one_line(line: str, arch: str, why: str) -> None:
+    assert "\n" not in line and line.startswith(f"{arch} is not supported by ")
+    assert f"BadInputError: {line}".startswith(why), line
+    assert "would work" in line or "mechsink applies to" in line
+
+
+@pytest.mark.parametrize(("arch", "why"), [
+    pytest.param(arch, why, id=arch) for (arch, check), why in sorted(expected.refusals().items())
+    if check == "*"])
+def test_a_model_that_cannot_load_is_refused_in_one_line_by_load_model_and_wrap(suite, arch, why):
+    """``hf:<folder>`` and ``mechsink.wrap`` of the transformers model raise the table's line
+    (TransformerLens refusing compatibility mode, a bridge whose forward fails), not the
+    traceback from inside TransformerLens."""
+    import transformers
+
+    import mechsink
+    from mechsink.errors import BadInputError
+
+    folder = suite.folder(arch)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(str(folder),
+                                                              attn_implementation="eager")
+    for load in (lambda: mechsink.load_model(f"hf:{folder}", device="cpu"),
+                 lambda: mechsink.wrap(plain)):
+        with pytest.raises(BadInputError) as err:
+            load()
+        _one_line(str(err.value), arch, why)
 
 
 @pytest.mark.parametrize(("arch", "check", "why"), _cases())
@@ -90,8 +122,5 @@ def test_refusal_is_one_line_through_the_public_entry_point(suite, arch, check, 
     finally:
         for handle in handles:
             handle.remove()
-    line = str(err.value)
-    assert "\n" not in line and line.startswith(f"{arch} is not supported by ")
-    assert f"BadInputError: {line}".startswith(why), line
-    assert "would work" in line or "mechsink applies to" in line
+    _one_line(str(err.value), arch, why)
     assert user_forwards == [], "a forward on the user's tokens ran before the refusal"
