@@ -207,6 +207,12 @@ def check_hooks_supported(model: Any, entry: str, what: str, hooks: Any) -> None
         why = refusal(model, entry)
         if why is not None:
             raise BadInputError(why)
+        if getattr(model.cfg, "parallel_attn_mlp", False) and any(
+                h.endswith("hook_resid_mid") for h in silent):
+            raise BadInputError(
+                f"{architecture(model)} is not supported by mechsink's {entry} for {what}: its "
+                "blocks run attention and MLP in parallel (the MLP reads the block's input), "
+                "so there is no resid_mid; it would work on resid_pre, attn_out or mlp_out.")
         shown = ", ".join(silent[:3]) + (f" (+{len(silent) - 3} more)" if len(silent) > 3
                                           else "")
         raise BadInputError(
