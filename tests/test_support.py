@@ -97,7 +97,7 @@ def test_every_entry_point_refuses_before_any_forward(tiny):
     from mechsink.errors import BadInputError
     from mechsink.interventions.readout import measure
     from mechsink.measure.census import census
-    from mechsink.model import capabilities
+    from mechsink.model import capabilities, run_from_layer
     from mechsink.patching import activation_patch, attribution_patch, path_patch
 
     model, _ = tiny("RwkvForCausalLM")
@@ -115,6 +115,7 @@ def test_every_entry_point_refuses_before_any_forward(tiny):
                                    lambda x: x.sum()),
         "discover": lambda: GraphRun(model, tokens, lambda x: x.sum(), corrupted=tokens),
         "interventions": lambda: measure(model, tokens),
+        "run_from_layer": lambda: run_from_layer(model, torch.zeros(1, 4, model.cfg.d_model), 1),
     }
     try:
         for entry, call in calls.items():
@@ -160,3 +161,33 @@ def test_the_command_line_prints_the_refusal_in_one_line_and_writes_nothing(tiny
     lines = [x for x in result.output.splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: RwkvForCausalLM is not supported")
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_edits_are_refused_where_their_hooks_never_fire(tiny):
+    """JetMoE's bridge declares attn.hook_rot_k but never fires it: an edit there (or patching
+    it) would silently change nothing (the suite's rotated-key edit was 0.016 off transformers'
+    edit: the size of the edit itself), nor its hook_k. ablate and activation_patch refuse
+    them in one line;
+    an edit of the residual, which fires, runs."""
+    from mechsink.errors import BadInputError
+    from mechsink.interventions import ablate, applied, scale_tokens
+    from mechsink.patching import activation_patch
+
+    model, _ = tiny("JetMoeForCausalLM")
+    tokens = torch.tensor(builder.PROBE)
+    for hook, call in (
+            ("blocks.1.attn.hook_rot_k",
+             lambda: ablate(model, "blocks.1.attn.hook_rot_k", mode="scale", scale=10.0)),
+            ("blocks.0.attn.hook_k",
+             lambda: activation_patch(model, tokens[:1], tokens[1:], "k_all_pos",
+                                      lambda x: x[:, -1, 0].mean()))):
+        with pytest.raises(BadInputError) as err:
+            call()
+        line = str(err.value)
+        assert "\n" not in line and line.startswith("JetMoeForCausalLM is not supported by ")
+        assert hook in line and "would work" in line
+    with torch.no_grad():
+        clean = model(tokens)
+        with applied(model, [scale_tokens(model, 1, [2], 4.0)]):
+            edited = model(tokens)
+    assert (edited - clean).abs().max() > 1e-3

@@ -31,6 +31,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import KINDS, as_ablation
 from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
+from mechsink.model.support import check_edits_reach, check_hooks_supported, check_supported
 from mechsink.names import KINDS as PLACE_KINDS
 from mechsink.names import UNIT_WORDS, Name, parse_name, unit_count
 
@@ -76,13 +77,26 @@ def applied(model: Any, interventions: Sequence[Intervention]) -> Iterator[Any]:
     """Run the block with the interventions installed; they are removed however it ends.
 
     A sequence shorter than an intervention's positions is an error as soon as it is
-    embedded (before any block runs)."""
+    embedded (before any block runs). An edit of a hook the model never fires, or of a
+    pattern whose edits it discards, is refused in one line before the block runs
+    (:func:`_check_edits`)."""
+    _check_edits(model, [i.hook for i in interventions], "these edits")
     hooks = [(i.hook, i.fn) for i in interventions]
     check = _length_check(interventions)
     if check is not None and has_hook(model, "hook_embed"):
         hooks.insert(0, ("hook_embed", check))
     with model.hooks(fwd_hooks=hooks):
         yield model
+
+
+def _check_edits(model: Any, hooks: Sequence[str], what: str) -> None:
+    """One line, before any work, when the edits of ``hooks`` cannot run exactly: a model the
+    interventions do not support (no softmax attention in every block: on Mamba a
+    ``scale_tokens`` edit of the block input that fires is 1.4 off the same edit made in
+    transformers), a hook it never fires, or a pattern whose edits it discards."""
+    check_supported(model, "interventions")
+    check_hooks_supported(model, "interventions", what, hooks)
+    check_edits_reach(model, "interventions", what, hooks)
 
 
 def _check_layer(model: Any, layer: int) -> None:
@@ -142,6 +156,7 @@ def ablate(
                 "batch_mean, over the batch)") if mode == "mean" else ""
         raise BadInputError(f"unknown ablation mode {mode!r}: use {', '.join(MODES)}{hint}.")
     _check_layer(model, layer)
+    _check_edits(model, [act_name(site, layer)], f"{mode} of {site}")
     Name(_ABLATABLE[site].name, layer).check(model)  # a hook the model lacks: say so now
     axis = _ABLATABLE[site].unit
     n_units = unit_count(model, _ABLATABLE[site].name)
@@ -204,6 +219,10 @@ def attend_only_to_self(
                             "attend only to itself).")
     key_pos = int(position)
     head_list = None if units is None else list(units)
+    for layer in layers:
+        _check_layer(model, layer)
+    _check_edits(model, [act_name("pattern", layer) for layer in layers],
+                 "attend_only_to_self")
     out = []
     for layer in layers:
         _check_layer(model, layer)

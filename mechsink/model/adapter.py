@@ -114,7 +114,15 @@ def wrap_hf(
             bridge = TransformerBridge.boot_transformers(
                 name, hf_model=hf_model, tokenizer=tokenizer
             )
-            bridge.enable_compatibility_mode(no_processing=not fold_weights, disable_warnings=True)
+            try:
+                bridge.enable_compatibility_mode(no_processing=not fold_weights,
+                                                 disable_warnings=True)
+            except (RuntimeError, NotImplementedError, ValueError) as exc:
+                raise BadInputError(
+                    f"{type(hf_model).__name__} is not supported by mechsink's wrap: "
+                    "TransformerLens refuses its compatibility mode, which mechsink's hooks "
+                    f"and engine need ({type(exc).__name__}: {_first_line(exc)}); it would work "
+                    "once TransformerLens's adapter for it supports compatibility mode.") from exc
         finally:
             logging.getLogger().setLevel(previous)
     use_variant_patterns(bridge)
@@ -124,7 +132,39 @@ def wrap_hf(
     install_list_output_hooks(bridge)
     install_rotary_dtype(bridge)
     bridge.eval()
+    check_bridge_runs(bridge)
     return bridge
+
+
+def _first_line(exc: BaseException, limit: int = 160) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else "")[:limit]
+
+
+@torch.no_grad()
+def check_bridge_runs(bridge: Any) -> None:
+    """Raise a one-line :class:`BadInputError` when the bridge's forward fails on two tokens:
+    a TransformerLens adapter written against another transformers version (CodeGen's reads
+    an ``embed_positions`` its attention no longer has) would otherwise load fine and fail
+    on the user's first forward with a traceback from inside TransformerLens. One forward of
+    one sequence of two tokens."""
+    arch = type(hf_model_of(bridge)).__name__
+    vocab = int(bridge.cfg.d_vocab)
+    device = getattr(bridge.cfg, "device", None)
+    tokens = torch.tensor([[0, 1 % vocab]], device=device)
+    try:
+        bridge(tokens, return_type="logits")
+    except BadInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure inside the bridge: say so in one line
+        from importlib.metadata import version
+
+        raise BadInputError(
+            f"{arch} is not supported by mechsink's wrap: its TransformerLens "
+            f"{version('transformer-lens')} bridge fails on a two-token forward "
+            f"({type(exc).__name__}: {_first_line(exc)}), so nothing would run; it would work "
+            f"with a TransformerLens release whose {arch} adapter matches the installed "
+            f"transformers {version('transformers')}.") from exc
 
 
 def architecture_summary(model: Any) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from mechsink.model.kv import PrefixKV, hooked_kv_names, supports_prefix_reuse
 from mechsink.model.patches.cache_keyword import attention_reads_cache
 from mechsink.model.probes import capabilities
 from mechsink.model.shortcuts import injected_forward, output_logits_step, start_forward, unembed
+from mechsink.model.support import check_supported
 from mechsink.model.versions import old_bridge_error
 
 __all__ = ["StopForward", "injected_forward", "output_logits_step", "run_capturing",
@@ -54,6 +55,7 @@ def run_from_layer(
     ``hook_pattern`` is ``[batch, head, query p.., key 0..]``). Hooks are always removed, also
     when a hook or the model raises.
     """
+    check_supported(model, "run_from_layer")  # recurrent / hybrid blocks: one line, no forward
     n_layers = int(model.cfg.n_layers)
     if not 0 <= start < n_layers:
         raise BadInputError(f"start layer {start} is outside 0..{n_layers - 1}.")

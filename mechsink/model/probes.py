@@ -11,6 +11,7 @@ short forward each (2 sequences of 3 tokens) and are cached per model.
 from __future__ import annotations
 
 import re
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -298,3 +299,62 @@ def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
             return (f"ignore edits (an edit of hook_{x}_input does not reach hook_{x} as the "
                     "same edit of the residual stream does)")
     return None
+
+
+#: the per-block hooks an edit of which must reach the attention's output: the pattern (what
+#: attend_only_to_self and pattern patching write) and the pre-softmax scores (mask edits)
+PATTERN_EDIT_HOOKS = ("attn.hook_pattern", "attn.hook_attn_scores")
+
+_EDITS: weakref.WeakKeyDictionary[Any, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def edit_problem(model: Any, suffix: str) -> str | None:
+    """What is wrong with editing the per-block hook ``suffix`` (one of
+    :data:`PATTERN_EDIT_HOOKS`), or None when an edit there reaches the model's output.
+
+    A bridge whose attention runs transformers' own attention module (XGLM's, JetMoE's) may
+    fire ``hook_pattern`` on a pattern it recomputed after the fact: the hook sees the right
+    values, but what a hook returns is discarded, so ``attend_only_to_self`` and pattern
+    patching would silently do nothing. The probe sets the pattern of the last block where the
+    hook fires to the identity (every query attends to itself; for the scores, every other key
+    masked) on :func:`probe_tokens` and compares the logits with the unedited ones: an edit
+    that moves them by less than :data:`PROBE_TOL` is discarded. One forward (two with the
+    cached clean logits), cached per model and hook."""
+    if suffix not in PATTERN_EDIT_HOOKS:
+        raise BadInputError(f"edit_problem() probes {', '.join(PATTERN_EDIT_HOOKS)}, not "
+                            f"{suffix!r}.")
+    try:
+        done = _EDITS.setdefault(model, {})
+    except TypeError:  # not weak-referenceable: probe again next time
+        done = {}
+    if suffix not in done:
+        done[suffix] = _edit_problem(model, suffix)
+    return done[suffix]
+
+
+@torch.no_grad()
+def _edit_problem(model: Any, suffix: str) -> str | None:
+    caps = capabilities(model)
+    layers = [layer for layer, fired in enumerate(caps.hooks_per_block) if suffix in fired]
+    if not layers:
+        return None  # never fires: the entry points' hook checks refuse it
+    name = f"blocks.{layers[-1]}.{suffix}"
+    tokens = probe_tokens(model)
+
+    def identity(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        n_q, n_k = act.shape[-2], act.shape[-1]
+        own = torch.eye(n_q, n_k, dtype=torch.bool, device=act.device)  # query i -> key i
+        if suffix == "attn.hook_pattern":
+            return own.to(act.dtype).expand_as(act).clone()
+        return torch.where(own, act, torch.full_like(act, torch.finfo(act.dtype).min))
+
+    clean = model(tokens, return_type="logits")
+    with warnings.catch_warnings():  # TransformerLens warns of the discarded edit: we say it
+        warnings.simplefilter("ignore")
+        edited = model.run_with_hooks(tokens, return_type="logits",
+                                      fwd_hooks=[(name, identity)])
+    if _rel(edited, clean) > PROBE_TOL:
+        return None
+    return (f"ignore edits of {suffix} (setting {name} to attend-to-self leaves the logits "
+            "unchanged: the hook fires on values the attention computed, and what it returns "
+            "is discarded)")

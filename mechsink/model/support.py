@@ -23,6 +23,15 @@ What each entry point needs (:data:`NEEDS`):
   inputs that hold that residual and whose edits reach the attention
   (:func:`~mechsink.model.probes.split_inputs_problem`).
 
+- run_from_layer (the engine's forward from a later layer, public as
+  :func:`mechsink.model.run_from_layer`): attention in every block and the hooked block input.
+
+The hooks an entry point reads or edits are checked the same way: :func:`check_hooks_supported`
+refuses a site whose hook the model never fires (JetMoE's ``attn.hook_z``), and
+:func:`check_edits_reach` an edit of the pattern or the scores that the model discards
+(:func:`~mechsink.model.probes.edit_problem`: XGLM's and JetMoE's bridges fire
+``hook_pattern`` after their attention ran, so an edit there would silently do nothing).
+
 A metric is checked the same way by :func:`check_metric_supported` (the patching engine calls
 it with the hooks the metric declares): a hook the model never fires is a one-line refusal
 naming the metric and the hook.
@@ -40,7 +49,13 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
-from mechsink.model.probes import Capabilities, capabilities, split_inputs_problem
+from mechsink.model.probes import (
+    PATTERN_EDIT_HOOKS,
+    Capabilities,
+    capabilities,
+    edit_problem,
+    split_inputs_problem,
+)
 from mechsink.model.weights import head_output_weights
 
 Need = Callable[[Any, Capabilities], "str | None"]  # None: met; else "missing; fix"
@@ -135,6 +150,7 @@ NEEDS: dict[str, tuple[Need, ...]] = {
     "discover": (_attention, _residual, _head_outputs, _output_weights, _additive_residual,
                  _split_inputs),
     "interventions": (_attention,),
+    "run_from_layer": (_attention, _residual),
 }
 
 
@@ -164,20 +180,71 @@ def check_supported(model: Any, entry: str) -> None:
         raise BadInputError(why)
 
 
+def _silent(model: Any, hooks: Any) -> list[str]:
+    """The hooks of ``hooks`` (full names) that ``model`` never fires: probed, and confirmed by
+    one probe forward (a flag set since, such as use_attn_result, may fire them)."""
+    caps = capabilities(model)
+    silent = sorted(h for h in hooks if not caps.fires_at(h))
+    if silent:
+        from mechsink.model.probes import probe_tokens
+
+        declared = [h for h in silent if h in model.hook_dict]
+        if declared:
+            with torch.no_grad():
+                _, cache = model.run_with_cache(probe_tokens(model), names_filter=declared)
+            silent = [h for h in silent if h not in cache.keys()]
+    return silent
+
+
+def check_hooks_supported(model: Any, entry: str, what: str, hooks: Any) -> None:
+    """Raise a one-line :class:`BadInputError` when ``entry`` would read or edit, for ``what``
+    (a site, an edit), a hook of ``hooks`` (full names) that ``model`` never fires: the work
+    would end in a KeyError or, for an edit, silently change nothing. A model the entry point
+    refuses as a whole (:func:`refusal`: no attention in those blocks) gets that line; its
+    hooks that do fire stay usable (an edit of a hybrid model's attention layer runs)."""
+    silent = _silent(model, hooks)
+    if silent:
+        why = refusal(model, entry)
+        if why is not None:
+            raise BadInputError(why)
+        if getattr(model.cfg, "parallel_attn_mlp", False) and any(
+                h.endswith("hook_resid_mid") for h in silent):
+            raise BadInputError(
+                f"{architecture(model)} is not supported by mechsink's {entry} for {what}: its "
+                "blocks run attention and MLP in parallel (the MLP reads the block's input), "
+                "so there is no resid_mid; it would work on resid_pre, attn_out or mlp_out.")
+        shown = ", ".join(silent[:3]) + (f" (+{len(silent) - 3} more)" if len(silent) > 3
+                                          else "")
+        raise BadInputError(
+            f"{architecture(model)} is not supported by mechsink's {entry} for {what}: it "
+            f"needs {shown}, which this model's TransformerLens bridge does not fire; it would "
+            "work with an adapter that hooks it (sites whose hooks fire, such as resid_pre, "
+            "attn_out and mlp_out, run).")
+
+
+def check_edits_reach(model: Any, entry: str, what: str, hooks: Any) -> None:
+    """Raise a one-line :class:`BadInputError` when ``entry`` would edit, for ``what``, a
+    pattern or score hook (:data:`~mechsink.model.probes.PATTERN_EDIT_HOOKS`) among ``hooks``
+    whose edits the model discards (:func:`~mechsink.model.probes.edit_problem`): the edit
+    would silently do nothing."""
+    suffixes = sorted({s for h in hooks for s in PATTERN_EDIT_HOOKS if str(h).endswith(s)})
+    for suffix in suffixes:
+        problem = edit_problem(model, suffix)
+        if problem is not None:
+            raise BadInputError(
+                f"{architecture(model)} is not supported by mechsink's {entry} for {what}: its "
+                f"bridge's attention layers {problem}; it would work with a TransformerLens "
+                "adapter whose attention computes its output from the hooked pattern (edits "
+                "of other sites, such as attn.hook_z or hook_resid_pre, do reach it).")
+
+
 def check_metric_supported(model: Any, metric: str, hooks: Any) -> None:
     """Raise a one-line :class:`BadInputError` when the metric named ``metric`` reads a hook
     (of ``hooks``, full names such as ``blocks.1.hook_resid_post``) that ``model`` never fires
     (probed, :func:`~mechsink.model.capabilities`): a patched run would find nothing to read
     after all its work. :func:`check_supported` sees the entry point; this sees the metric, and
     the patching engine calls it with the metric's declared needs before any forward."""
-    caps = capabilities(model)
-    silent = sorted(h for h in hooks if not caps.fires_at(h))
-    if silent:  # confirmed by one probe forward: a flag set since (use_attn_result) may fire it
-        from mechsink.model.probes import probe_tokens
-
-        with torch.no_grad():
-            _, cache = model.run_with_cache(probe_tokens(model), names_filter=silent)
-        silent = [h for h in silent if h not in cache.keys()]
+    silent = _silent(model, hooks)
     if silent:
         raise BadInputError(
             f"{architecture(model)} is not supported by the metric {metric!r}: it reads "

@@ -17,7 +17,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, write_in_place
-from mechsink.model.support import check_supported
+from mechsink.model.support import check_edits_reach, check_hooks_supported, check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine, plan
 from mechsink.patching.engine import SPEEDUPS, TokensLike, as_tokens
@@ -80,6 +80,11 @@ def activation_patch(
         raise BadInputError("position_mean ablation needs a site with a position axis; "
                             "the attention pattern has query and key axes: use zero or "
                             "batch_mean.")
+    # a site whose hook never fires (JetMoE's attn.hook_z) or whose edits the model discards
+    # (a pattern hooked after the attention ran): one line before any forward
+    every_layer = [parsed.hook_name(layer) for layer in range(int(model.cfg.n_layers))]
+    check_hooks_supported(model, "patch", f"the site {site!r}", every_layer)
+    check_edits_reach(model, "patch", f"the site {site!r}", every_layer)
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     resolved = parsed.resolve(model, clean_t.shape[1])
     # a patch after the last layer the metrics read leaves them unchanged: such units are not

@@ -72,7 +72,8 @@ def test_run_from_layer_uses_the_residual(suite, arch, record_property):
 
     m = suite.get(arch)
     name = act_name("resid_pre", 1)
-    with torch.no_grad():
+    with torch.no_grad():  # mechsink first: a model it refuses is refused here, in one line
+        run_from_layer(m.bridge, torch.zeros(1, 3, int(m.bridge.cfg.d_model)), 1)
         _, cache = m.bridge.run_with_cache(m.tokens, names_filter=[name])
         resid = cache[name]
         got = run_from_layer(m.bridge, resid.clone(), 1)
@@ -129,10 +130,10 @@ def test_activation_patching_equals_transformer_lens(suite, arch, site, record_p
 
     m = suite.get(arch)
     clean, corrupted = m.tokens[:1], _corrupted(m.tokens[:1])
+    got = activation_patch(m.bridge, clean, corrupted, site, _logit_metric)  # refusals first
     with torch.no_grad():
         _, cache = m.bridge.run_with_cache(clean)
         ref = getattr(tlp, SITES[site])(m.bridge, corrupted, cache, _logit_metric)
-    got = activation_patch(m.bridge, clean, corrupted, site, _logit_metric)
     assert got.values.shape == ref.shape
     record_property("diff", rel(got.values, ref))
     assert rel(got.values, ref) <= TOL

@@ -57,9 +57,9 @@ def test_path_patching_equals_hand_reference(suite, arch, kind, record_property)
 
     m = suite.get(arch)
     clean = m.tokens[:1]
-    want, _ = hand(m, kind)
-    got = path_patch(m.bridge, clean, _corrupted(clean), ["L0H1"],
+    got = path_patch(m.bridge, clean, _corrupted(clean), ["L0H1"],  # refusals first
                      [receiver_of(m.bridge, kind)[0]], _logit_metric, batch_size=1)
+    want, _ = hand(m, kind)
     diff = rel(got.values[:1], torch.tensor([want]))
     record_property("diff", diff)
     assert diff <= TOL
