@@ -216,7 +216,7 @@ _SPLIT: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
 
 def split_inputs_problem(model: Any) -> str | None:
     """What is wrong with the model's per-head query/key/value inputs (``use_split_qkv_input``:
-    ``blocks.<l>.attn.hook_q/k/v_input``, ``[batch, pos, head, d_model]``), or None when they
+    ``blocks.<l>.hook_q/k/v_input``, ``[batch, pos, head, d_model]``), or None when they
     work: the switch turns on, the hooks fire holding the residual stream entering the block
     (each head's copy equal to ``hook_resid_pre``, normalised after the hook), and a vector
     added to every head's copy gives the same ``hook_q/k/v`` as the same vector added to the
@@ -241,10 +241,12 @@ def split_inputs_problem(model: Any) -> str | None:
 @torch.no_grad()
 def _split_problem(model: Any) -> str | None:
     last = int(model.cfg.n_layers) - 1
-    names = {x: f"blocks.{last}.attn.hook_{x}_input" for x in "qkv"}
+    # the vocabulary's names (mechsink.names): a HookedTransformer has only these, a bridge
+    # aliases them to its attn.hook_q/k/v_input
+    names = {x: f"blocks.{last}.hook_{x}_input" for x in "qkv"}
     resid = f"blocks.{last}.hook_resid_pre"
     if any(n not in model.hook_dict for n in names.values()):
-        return "are not declared (no blocks.<l>.attn.hook_q/k/v_input)"
+        return "are not declared (no blocks.<l>.hook_q/k/v_input)"
     before = bool(getattr(model.cfg, "use_split_qkv_input", False))
     try:
         model.set_use_split_qkv_input(True)
@@ -274,7 +276,7 @@ def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
     model.run_with_hooks(tokens, fwd_hooks=hooks)
     for x, name in names.items():
         if name not in seen:
-            return f"never fire (blocks.<l>.attn.hook_{x}_input)"
+            return f"never fire (blocks.<l>.hook_{x}_input)"
         if resid in seen and _rel(seen[name], seen[resid].unsqueeze(2).expand_as(
                 seen[name])) > PROBE_TOL:
             return (f"do not hold the residual stream entering the block (hook_{x}_input "
@@ -287,7 +289,7 @@ def _split_checks(model: Any, names: dict[str, str], resid: str) -> str | None:
     gen = torch.Generator().manual_seed(0)
     push = torch.randn(act.shape[-1], generator=gen).to(act)
     push = push / push.norm() * act.norm(dim=-1).max()
-    outs = {x: name.replace("_input", "") for x, name in names.items()}
+    outs = {x: name.replace(f"hook_{x}_input", f"attn.hook_{x}") for x, name in names.items()}
     hooks = [(o, recorder("want." + o)) for o in outs.values() if o in model.hook_dict]
     model.run_with_hooks(tokens, fwd_hooks=[(resid, lambda a, hook: a + push), *hooks])
     for x, name in names.items():
