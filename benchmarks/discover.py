@@ -11,7 +11,9 @@ For each method it prints mechsink's time, the **least work** at this machine's 
 
 - EAP: the clean and the corrupted forward + one forward/backward (gradients of the metric
   with respect to activations only); mechsink's time includes the setup (``GraphRun``);
-- EAP-IG with k steps: those two forwards + k forward/backward passes (setup included);
+- EAP-IG with k steps: those two forwards + k forward/backward passes (setup included); IG on
+  activations (the default): k forward/backward passes per sender group, each from the group's
+  own block (the embedding, then each layer's heads and MLP), counted in whole-model units;
 - exact edge patching (a uniform sample, and EAP-IG's top ``--top``): for each edge, a
   forward from the receiver's layer over the positions the patch can change (from the first
   corrupted one; every position here), batched, plus the unembedding of the position the
@@ -194,6 +196,21 @@ def main() -> None:
                   "least_s": rates.eap_ig(args.steps)})
     say(f"EAP-IG ({args.steps} steps): {ig_s:.1f} s (+ setup {setup_s:.1f} s)")
 
+    # IG on activations (the default) moves one sender group at a time from its own block:
+    # the embedding runs every block, each layer's heads and its MLP the blocks from theirs,
+    # so its own least work is k fwd/bwd passes over that many blocks (in whole-model units)
+    rates = Rates(model, tokens)
+    say(rates.line())
+    n_layers = int(model.cfg.n_layers)
+    group_blocks = n_layers + sum(2 * (n_layers - layer) for layer in range(n_layers))
+    ig_act, ig_act_s = timed(lambda: eap_ig(run, steps=args.steps, ig="activations",
+                                            qk_fix=False, verify=0))
+    table.append({"method": f"EAP-IG {args.steps} steps, activations (setup included)",
+                  "edges": g.n_edges, "time_s": setup_s + ig_act_s,
+                  "least_s": 2 * rates.forward_s
+                  + args.steps * rates.fwd_bwd_s * group_blocks / n_layers})
+    say(f"EAP-IG on activations ({args.steps} steps): {ig_act_s:.1f} s")
+
     gen = torch.Generator().manual_seed(args.seed)
     sample = torch.randperm(g.n_edges, generator=gen)[:args.sample].tolist()
     rates = Rates(model, tokens)
@@ -213,8 +230,9 @@ def main() -> None:
                   "time_s": top_s, "least_s": rates.exact(run, top)})
     agree = {name: {kind: correlation(est.values[top], exact_top, kind)
                     for kind in ("spearman", "pearson")}
-             for name, est in (("eap", plain), ("eap_ig", ig))}
-    table[0]["agreement"], table[1]["agreement"] = agree["eap"], agree["eap_ig"]
+             for name, est in (("eap", plain), ("eap_ig", ig), ("eap_ig_act", ig_act))}
+    for i, name in enumerate(("eap", "eap_ig", "eap_ig_act")):
+        table[i]["agreement"] = agree[name]
 
     print(f"\n{args.model}: {args.n} prompts x {args.seq_len} tokens, {g.n_edges} edges "
           f"({len(g.senders)} senders, {len(g.receivers)} receivers), metric KL to clean at "
