@@ -416,7 +416,11 @@ def test_the_build_refuses_to_start_when_it_would_download(tmp_path: Path,
     from mechsink.model.assets import Asset
 
     monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path))
-    monkeypatch.delenv("PIP_NO_INDEX", raising=False)
+    # set, then deleted: monkeypatch records the variable and restores its absence at teardown
+    # (require_offline sets it in this process; left set, it made every later test's package
+    # fetch fail, so the 1.5B parity test skipped on a fresh cache)
+    monkeypatch.setenv("PIP_NO_INDEX", "")
+    monkeypatch.delenv("PIP_NO_INDEX")
     absent = Asset("mechsink-no-such-package", "0.0.1", "x/data.bin", "0" * 64)
     with pytest.raises(AssetError, match=r"runs offline.*docs.build --fetch"):
         offline.require_offline((absent,))
