@@ -124,19 +124,7 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
         return hook
 
     copies = len(shifts)
-    shift = torch.tensor(list(shifts), dtype=run.delta.dtype).view(copies, 1, 1, 1)
-    resid0 = run.clean.acts[act_name("resid_pre", start)].repeat(copies, 1, 1)
-    hooks = []
-    if at is None:
-        step = (shift * run.delta[:, :, 0]).flatten(0, 1).to(resid0.dtype)  # a float32 delta
-        resid0 = resid0 + step  # must not lift a half-precision model's input
-    else:
-        assert group is not None
-        moved = (shift * run.delta[:, :, list(group)].sum(2)).flatten(0, 1)
-
-        def inject(act: Tensor, hook: Any) -> Tensor:
-            return act + moved.to(act.dtype)
-        hooks.append((at, inject))
+    resid0, leaf, hooks = moved_input(run, start, at, group, shifts)
     for layer in layers:
         hooks += [(act_name("resid_pre", layer), value(act_name("resid_pre", layer))),
                   (act_name("ln1.hook_scale", layer), value(act_name("ln1.hook_scale", layer)))]
@@ -151,12 +139,8 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
               for layer in pattern_layers if layer >= start]
     known = hook_names(model)  # a model without some of them (TransformerLens 2's LNPre has
     hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
-    resid0 = resid0.detach().requires_grad_(True)
     with mlp_in_only(model):
-        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid0, start,
-                                  copies, hooks, stacked=True, grad=True,
-                                  context="on the gradient run")[0]
-        torch.autograd.grad(torch.stack(vals).sum(), [resid0], allow_unused=True)
+        gradient_run(run, resid0, leaf, start, copies, hooks)
     weights = {k: _weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
     # model.W_Q stacks every layer's weights)
     if not _premises_hold(model, kept, norm, weights, start):
@@ -172,6 +156,42 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             u = u if w is None else u * w
             grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
     return grads
+
+
+def moved_input(run: Any, start: int, at: str | None, group: Sequence[int] | None,
+                shifts: Sequence[float]) -> tuple[Tensor, Tensor, list[tuple[str, Any]]]:
+    """The input of a run moving the embedding (``at`` None) or ``group``'s writes (added at
+    ``at``) by ``shifts[c]`` times their delta in copy ``c``: the residual entering block
+    ``start`` (copies stacked), the leaf the backward pass ends at, and the injecting hook.
+
+    A moved group's shift is the leaf, not the residual: the backward pass then stops where
+    the group's writes enter (the part of block ``start`` before them, computed from the
+    clean residual, needs no gradient)."""
+    copies = len(shifts)
+    shift = torch.tensor(list(shifts), dtype=run.delta.dtype).view(copies, 1, 1, 1)
+    resid0 = run.clean.acts[act_name("resid_pre", start)].repeat(copies, 1, 1)
+    if at is None:
+        step = (shift * run.delta[:, :, 0]).flatten(0, 1).to(resid0.dtype)  # a float32 delta
+        resid0 = (resid0 + step).detach().requires_grad_(True)  # must not lift a half-
+        return resid0, resid0, []  # precision model's input
+    assert group is not None
+    moved = (shift * run.delta[:, :, list(group)].sum(2)).flatten(0, 1)
+    moved = moved.detach().requires_grad_(True)
+
+    def inject(act: Tensor, hook: Any) -> Tensor:
+        return act + moved.to(act.dtype)
+    return resid0, moved, [(at, inject)]
+
+
+def gradient_run(run: Any, resid0: Tensor, leaf: Tensor, start: int, copies: int,
+                 hooks: Sequence[tuple[str, Any]]) -> None:
+    """One stacked forward from block ``start`` with ``hooks`` and the backward of the copies'
+    metrics to ``leaf`` (the gradient hooks among ``hooks`` keep what they need); the
+    caller sets the model's per-head switches."""
+    vals = engine.run_patched(run.model, run.clean, [run.metric], run.needs, resid0, start,
+                              copies, hooks, stacked=True, grad=True,
+                              context="on the gradient run")[0]
+    torch.autograd.grad(torch.stack(vals).sum(), [leaf], allow_unused=True)
 
 
 def _start(run: Any, group: Sequence[int] | None) -> tuple[int, str | None]:

@@ -153,43 +153,75 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
     (``grads`` per receiver hook, from :meth:`GraphRun.run_coeffs`; ``deltas`` per hook with
     ``keep_writes``, else the run's own ``delta``).
 
-    With the run's own delta this is one matrix product per staircase step: the receiver
-    slots that read the same prefix of senders (a layer's q, k and v; its MLP; the metric)
-    have their gradients stacked as columns, and ``delta`` (float64, read once, only at the
-    corrupted positions: it is exactly 0 elsewhere) multiplies them all at once."""
+    With the run's own delta this is a few large matrix products in float64: the tokens (batch
+    x corrupted positions: ``delta`` is exactly 0 elsewhere) in blocks of about 256 MiB, each
+    block's deltas ``[sender, token * d_model]`` and every receiver column's gradients
+    ``[column, token * d_model]`` converted once, and the senders in four bands, each
+    multiplied by the columns of the receivers reading after the band's first sender (the
+    product's lower triangle is most of the work saved; the few entries of a band's senders
+    that do not reach a receiver are set to 0 at the end)."""
     if deltas is not None:
         return _from_slot_deltas(run, grads, deltas)
     g = run.graph
-    out = torch.zeros(len(g.senders), len(g.receivers), dtype=torch.float64)
-    every = bool(run.positions.all())  # then no position is selected (no copy)
-    pos = run.positions.nonzero().flatten().to(run.delta.device)
-    steps: dict[int, tuple[list[Tensor], list[int]]] = {}
+    n_senders = len(g.senders)
+    out = torch.zeros(n_senders, len(g.receivers), dtype=torch.float64)
+    columns = sorted(grad_columns(run, grads), key=lambda col: col[0])  # stable
+    if not columns:
+        return out
+    limits = torch.tensor([n for n, idx, _ in columns for _ in idx])  # senders before each
+    idx = torch.tensor([i for _, cols, _ in columns for i in cols])
+    n_max, n_cols = int(limits.max()), len(idx)
+    delta = token_rows(run, run.delta)  # [token, sender, d_model]
+    n_tok, d = delta.shape[0], delta.shape[-1]
+    per = max(1, (256 << 20) // max(1, (n_max + n_cols) * d * 8))
+    bands = [(lo, min(n_max, lo + -(-n_max // 4))) for lo in range(0, n_max, -(-n_max // 4))]
+    firsts = [int((limits > lo).nonzero()[0, 0]) for lo, _ in bands]  # columns sorted by limit
+    for t0 in range(0, n_tok, per):
+        t1 = min(n_tok, t0 + per)
+        dm = torch.empty(n_max, t1 - t0, d, dtype=torch.float64)
+        dm.copy_(delta[t0:t1, :n_max].transpose(0, 1))
+        gm = torch.empty(n_cols, t1 - t0, d, dtype=torch.float64)
+        c = 0
+        for _, cols, grad in columns:  # grad [token, columns, d_model]
+            gm[c:c + len(cols)].copy_(grad[t0:t1].transpose(0, 1))
+            c += len(cols)
+        dm, gm = dm.view(n_max, -1), gm.view(n_cols, -1)
+        for (lo, hi), first in zip(bands, firsts, strict=True):
+            out[lo:hi].index_add_(1, idx[first:], dm[lo:hi] @ gm[first:].T)
+    reach = torch.zeros_like(out, dtype=torch.bool)
+    reach[:, idx] = torch.arange(n_senders).unsqueeze(1) < limits.unsqueeze(0)
+    return out.masked_fill_(~reach, 0.0)
+
+
+def token_rows(run: GraphRun, act: Tensor) -> Tensor:
+    """``[batch, pos, ...]`` as ``[token, ...]`` over the corrupted positions only (a view
+    when every position is corrupted)."""
+    if bool(run.positions.all()):
+        return act.flatten(0, 1)
+    pos = run.positions.nonzero().flatten().to(act.device)
+    return act.index_select(1, pos).flatten(0, 1)
+
+
+def grad_columns(run: GraphRun, grads: dict[str, Tensor], after_stage: int = -1
+                 ) -> list[tuple[int, list[int], Tensor]]:
+    """Each receiver slot's gradient, in forward order, as ``(senders before it, receiver
+    columns, [token, column, d_model])`` (tokens as :func:`token_rows`); only slots that got
+    a gradient and whose receivers read after sender stage ``after_stage``. A slot reading one
+    column for every head (the metric at an attention input) has its heads' gradients
+    summed."""
+    g = run.graph
+    out = []
     for slot in run.slots():
         grad = grads.get(slot.hook)
-        if grad is None:  # the metric does not read past this receiver
+        receiver = g.receivers[slot.cols[0]]
+        if grad is None or g.receiver_stage(receiver) <= after_stage:
             continue
-        grad = grad if every else grad.index_select(1, pos)
         if slot.heads and slot.broadcast:
             grad = grad.sum(2)
-        cols = grad.transpose(2, 3) if slot.heads and not slot.broadcast else grad.unsqueeze(-1)
-        n_s = g.n_senders_before(g.receivers[slot.cols[0]])
-        mats, idx = steps.setdefault(n_s, ([], []))
-        mats.append(cols)  # [batch, pos, d_model, columns]
-        idx += slot.cols if slot.heads and not slot.broadcast else slot.cols[:1]
-    if not steps:
-        return out
-    n_max = max(steps)
-    stacked = {n: (torch.cat(m, -1), torch.tensor(i)) for n, (m, i) in steps.items()}
-    b, p, d = run.batch, pos.numel(), run.delta.shape[-1]
-    rows = max(1, (64 << 20) // max(1, n_max * p * d * 8))  # delta rows per 64 MiB block
-    for lo in range(0, b, rows):
-        sl = slice(lo, min(b, lo + rows))
-        delta = run.delta[sl] if every else run.delta[sl].index_select(1, pos)
-        delta = delta[:, :, :n_max]  # [rows, pos, u, d]
-        dm = delta.permute(2, 0, 1, 3).reshape(n_max, -1).double()
-        for n, (grad, idx) in stacked.items():
-            gm = grad[sl].reshape(-1, grad.shape[-1]).double()
-            out[:n].index_add_(1, idx, dm[:n] @ gm)
+        per_head = slot.heads and not slot.broadcast
+        grad = token_rows(run, grad if per_head else grad.unsqueeze(2))
+        out.append((g.n_senders_before(receiver), slot.cols if per_head else slot.cols[:1],
+                    grad))
     return out
 
 

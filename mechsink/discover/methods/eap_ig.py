@@ -44,7 +44,6 @@ from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.discover.scores import EdgeScores
 from mechsink.errors import BadInputError
 from mechsink.model import act_name
-from mechsink.patching import engine
 
 #: the interpolation paths ``ig=`` takes
 PATHS = ("inputs", "activations", "coefficients")
@@ -93,7 +92,7 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "activations", qk_fix: bo
 def _add(summed: dict[str, Tensor], grads: dict[str, Tensor], copies: int, batch: int) -> None:
     """Add each hook's gradient, summed over the ``copies`` stacked steps (float64)."""
     for name, grad in grads.items():
-        part = grad.view(copies, batch, *grad.shape[1:]).double().sum(0)
+        part = grad.view(copies, batch, *grad.shape[1:]).sum(0, dtype=torch.float64)
         summed[name] = part if name not in summed else summed[name] + part
 
 
@@ -176,7 +175,7 @@ def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
     after it. The same as :meth:`GraphRun.run_coeffs` with ``alpha`` on every edge out of the
     group (tests compare them), whose hooks keep every write for the backward pass; here the
     hooks hold no tensors, so a run's autograd graph is freed when it ends."""
-    g, model = run.graph, run.model
+    g = run.graph
     stage = g.senders[group[0]].stage
     start = max(0, (stage - 1) // 2)
     at = None  # the embedding: the run's input moves
@@ -184,13 +183,7 @@ def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
         at = act_name("resid_post", start)
     elif stage:
         at = act_name("ln1_post.hook_out" if run.post_norm else "attn_out", start)
-    copies = len(chunk)
-    shift = torch.tensor(chunk, dtype=run.delta.dtype).view(copies, 1, 1, 1)
-    moved = (shift * run.delta[:, :, group].sum(2)).flatten(0, 1)
     grads: dict[str, Tensor] = {}
-
-    def inject(act: Tensor, hook: Any) -> Tensor:
-        return act + moved.to(act.dtype)
 
     def keep(name: str) -> Any:
         def hook(act: Tensor, hook: Any) -> Tensor | None:
@@ -201,18 +194,11 @@ def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
             return new
         return hook
 
-    hooks = [(slot.hook, keep(slot.hook)) for slot in run.slots(start)]
-    resid = run.clean.acts[act_name("resid_pre", start)].repeat(copies, 1, 1)
-    if at is None:
-        resid = resid + moved.to(resid.dtype)
-    else:
-        hooks.insert(0, (at, inject))
-    resid = resid.detach().requires_grad_(True)
-    with graph_mode(model):
-        vals = engine.run_patched(model, run.clean, [run.metric], run.needs, resid, start,
-                                  copies, hooks, stacked=True, grad=True,
-                                  context="on the gradient run")[0]
-        torch.autograd.grad(torch.stack(vals).sum(), [resid], allow_unused=True)
+    resid, leaf, inject = plain_grads.moved_input(run, start, at, None if at is None
+                                                  else group, chunk)
+    hooks = inject + [(slot.hook, keep(slot.hook)) for slot in run.slots(start)]
+    with graph_mode(run.model):
+        plain_grads.gradient_run(run, resid, leaf, start, len(chunk), hooks)
     return grads
 
 
@@ -221,21 +207,14 @@ def group_rows(run: GraphRun, grads: dict[str, Tensor], group: list[int]
     """``delta_u . grad_v`` summed over batch and positions for the senders ``u`` of ``group``
     and every receiver ``v`` reading after them (0 elsewhere): the rows of
     :func:`~mechsink.discover.scores.from_grads` of one group, without the product for every
-    other sender."""
+    other sender. Each slot's gradient is read once where it lies (one batched product over
+    tokens, float64), never copied into another layout."""
     g = run.graph
     out = torch.zeros(len(group), len(g.receivers), dtype=torch.float64)
     stage = g.senders[group[0]].stage
-    pos = run.positions.nonzero().flatten().to(run.delta.device)
-    delta = run.delta.index_select(1, pos)[:, :, group].double()  # [batch, pos, u, d]
-    for slot in run.slots():
-        grad = grads.get(slot.hook)
-        if grad is None or g.receiver_stage(g.receivers[slot.cols[0]]) <= stage:
-            continue
-        grad = grad.index_select(1, pos).double()
-        if slot.heads and slot.broadcast:
-            grad = grad.sum(2)
-        if slot.heads and not slot.broadcast:
-            out[:, slot.cols] += torch.einsum("bpud,bphd->uh", delta, grad)
-        else:
-            out[:, slot.cols[0]] += torch.einsum("bpud,bpd->u", delta, grad)
+    delta = scores.token_rows(run, run.delta[:, :, group]).double()  # [token, u, d]
+    for _, cols, grad in scores.grad_columns(run, grads, after_stage=stage):
+        # [token, u, d] @ [token, d, column] -> [token, u, column], summed over tokens
+        prod = torch.matmul(delta, grad.double().transpose(1, 2)).sum(0)
+        out.index_add_(1, torch.tensor(cols), prod)
     return out
