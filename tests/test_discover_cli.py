@@ -178,3 +178,30 @@ def test_discover_refuses_too_many_edges_before_scoring(monkeypatch, tmp_path: P
     assert result.exit_code == 2 and "--edges" in result.output, result.output
     assert "(the graph's edges)" in result.output
     assert not (tmp_path / "o" / "discover.json").exists()
+
+
+def test_discover_ig_takes_exactly_the_library_paths(tmp_path: Path) -> None:
+    """--ig accepts every path eap_ig(ig=...) takes (coefficients was refused before) and
+    refuses anything else in one line naming them all, before a model loads."""
+    from mechsink.discover.methods.eap_ig import PATHS
+
+    assert "coefficients" in PATHS
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, [
+        "discover", "random:llama-tiny", "--metric", "massive_value:1:0:3", "--method", "eap-ig",
+        "--ig", "coefficients", "--steps", "1", "--n", "2", "--seq-len", "6", "--verify", "0",
+        "--edges", "3", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "discover.json").read_text())
+    assert data["method"] == "eap-ig" and data["scores"]["settings"]["ig"] == "coefficients"
+
+    bad = CliRunner().invoke(app, ["discover", "no-such-model", "--metric", "sink_score:1",
+                                   "--ig", "weights", "--out", str(tmp_path / "o")])
+    lines = bad.output.strip().splitlines()
+    assert bad.exit_code == 2 and len(lines) == 1, bad.output
+    assert "--ig" in lines[0] and "'weights'" in lines[0]
+    assert all(p in lines[0] for p in PATHS), lines[0]
+    assert not (tmp_path / "o").exists()
+
+    helped = CliRunner().invoke(app, ["discover", "--help"], env={"COLUMNS": "200"})
+    assert all(p in helped.output for p in PATHS)  # the help names every path

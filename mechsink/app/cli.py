@@ -507,6 +507,7 @@ def _check_discover_choices(method: str, clean: list[str] | None, corrupted: lis
                             ablation: str, curves: str, ig: str, select: str) -> list[str]:
     """discover's choices checked before any model loads; returns the curves' extra ablations."""
     from mechsink.discover import METHODS
+    from mechsink.discover.methods.eap_ig import PATHS
     from mechsink.interventions.ablation import KINDS
 
     if method not in METHODS:
@@ -517,10 +518,10 @@ def _check_discover_choices(method: str, clean: list[str] | None, corrupted: lis
             raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
     if corrupted and len(corrupted) != len(clean or []):
         raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-    for flag, value, allowed in (("--ig", ig, ("inputs", "activations")),
-                                 ("--select", select, ("top", "greedy"))):
+    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy"))):
         if value not in allowed:
-            raise MechsinkError(f"{flag} must be {' or '.join(allowed)}, got {value!r}.")
+            raise MechsinkError(f"{flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
+                                f"got {value!r}.")
     return extra
 
 
@@ -544,7 +545,9 @@ def discover(
     n: int = typer.Option(8, help="natural prompts when --clean is not given"),
     seq_len: int = typer.Option(32, help="tokens per natural prompt"),
     steps: int = typer.Option(5, help="EAP-IG interpolation steps"),
-    ig: str = typer.Option("activations", help="EAP-IG on inputs or activations"),
+    ig: str = typer.Option("activations", help="EAP-IG's path from clean to corrupted: inputs "
+                           "(the embedding), activations (one sender group at a time) or "
+                           "coefficients (every edge at once; memory grows with the graph)"),
     qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
     verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
     select: str = typer.Option("top", help="top (by score) or greedy"),

@@ -30,7 +30,14 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import KINDS, as_ablation
-from mechsink.model import act_name, has_hook, key_bias, n_kv_heads, query_bias
+from mechsink.model import (
+    act_name,
+    has_hook,
+    has_learned_sink,
+    key_bias,
+    n_kv_heads,
+    query_bias,
+)
 from mechsink.model.support import check_edits_reach, check_hooks_supported, check_supported
 from mechsink.names import KINDS as PLACE_KINDS
 from mechsink.names import UNIT_WORDS, Name, parse_name, unit_count
@@ -247,15 +254,6 @@ def attend_only_to_self(
                                 f"layer {layer}: query {key_pos} attends only to itself",
                                 key_pos))
     return out
-
-
-def has_learned_sink(model: Any, layer: int) -> bool:
-    """Whether block ``layer``'s attention has a learned sink logit: a per-head parameter
-    ``sinks`` joining the softmax as an extra key column that is dropped afterwards (GPT-OSS;
-    OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model Card")."""
-    attn = getattr(model.blocks[layer], "attn", None)
-    inner = getattr(attn, "original_component", attn)
-    return isinstance(getattr(inner, "sinks", None), Tensor)
 
 
 def scale_tokens(model: Any, layer: int, positions: Sequence[int], factor: float) -> Intervention:

@@ -6,8 +6,8 @@
 - :mod:`~mechsink.model.tokens`: tokens with an explicit BOS, checked against vocabulary and
   context.
 - :mod:`~mechsink.model.hooks`: hook names, and how a hook edits what it sees.
-- :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware) and the attention
-  scale.
+- :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware), the attention
+  scale, and whether attention has a learned sink logit.
 - :mod:`~mechsink.model.probes`: what a model really does (:func:`capabilities`: hooks that
   fire, a forward from a later layer, the unembedding, batch growth), probed once per model.
 - :mod:`~mechsink.model.support`: :func:`check_supported`, every entry point's first line: a
@@ -47,6 +47,7 @@ _LAZY = {
     "down_projection": "mechsink.model.weights",
     "down_projection_bias": "mechsink.model.mlp_out",
     "has_hook": "mechsink.model.hooks",
+    "has_learned_sink": "mechsink.model.weights",
     "head_output_weights": "mechsink.model.weights",
     "hf_model_of": "mechsink.model.kinds",
     "hook_names": "mechsink.model.hooks",
@@ -104,12 +105,11 @@ def __dir__() -> list[str]:
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
     "attention_scale", "bos_token_id", "capabilities", "check_metric_supported", "check_seq_len",
-    "check_supported",
-    "check_tokens", "context_length", "down_projection", "down_projection_bias", "has_hook",
-    "head_output_weights", "hf_model_of", "hook_names", "is_bridge", "is_hooked_transformer",
-    "key_bias", "key_weights", "list_models", "load_model", "moe_experts", "n_kv_heads",
-    "norm_params", "plain_hf_copy", "post_mlp_norms", "query_bias", "run_from_layer",
-    "run_with_kv", "save_organism", "scale_edits_expected", "supports_prefix_reuse",
-    "tl_get_act_name", "to_tokens", "token_strings", "tokenizer_of", "true_act_fn",
-    "true_d_mlp", "true_dtype", "unembed", "wrap", "wrap_hf", "write_in_place",
+    "check_supported", "check_tokens", "context_length", "down_projection",
+    "down_projection_bias", "has_hook", "has_learned_sink", "head_output_weights", "hf_model_of",
+    "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",
+    "load_model", "moe_experts", "n_kv_heads", "norm_params", "plain_hf_copy", "post_mlp_norms",
+    "query_bias", "run_from_layer", "run_with_kv", "save_organism", "scale_edits_expected",
+    "supports_prefix_reuse", "tl_get_act_name", "to_tokens", "token_strings", "tokenizer_of",
+    "true_act_fn", "true_d_mlp", "true_dtype", "unembed", "wrap", "wrap_hf", "write_in_place",
 ]

@@ -2,8 +2,9 @@
 
 A HookedTransformer with grouped-query attention repeats each key/value head once per query
 head in its ``W_K`` / ``b_K`` properties; a TransformerBridge does not. The accessors here give
-one layout (per KV head) on both, and :func:`attention_scale` the factor the attention logits
-are divided by, read from the model's own attention modules.
+one layout (per KV head) on both, :func:`attention_scale` the factor the attention logits
+are divided by, and :func:`has_learned_sink` whether a block's softmax has a learned sink
+logit, both read from the model's own attention modules.
 """
 
 from __future__ import annotations
@@ -119,3 +120,14 @@ def _layer_attention_scale(model: Any, layer: int) -> float:
     # holds every factor (head size, Gemma's query_pre_attn_scalar, GPT-2's layer index)
     scaling = getattr(getattr(attn, "original_component", None), "scaling", None)
     return 1.0 / float(scaling) if scaling else math.sqrt(int(model.cfg.d_head))
+
+
+def has_learned_sink(model: Any, layer: int) -> bool:
+    """Whether block ``layer``'s attention has a learned sink logit: a per-head parameter
+    ``sinks`` joining the softmax as an extra key column that is dropped afterwards, so the
+    pattern's rows sum to less than 1 (GPT-OSS; OpenAI 2025, "gpt-oss-120b & gpt-oss-20b Model
+    Card"). Read from the wrapped transformers module on a bridge; False on a
+    HookedTransformer, whose attention has no such parameter."""
+    attn = getattr(model.blocks[layer], "attn", None)
+    inner = getattr(attn, "original_component", attn)
+    return isinstance(getattr(inner, "sinks", None), Tensor)
