@@ -87,6 +87,32 @@ def test_exact_edges_on_the_staircase_equal_one_layer_per_batch(request, fixture
     assert (per_layer - run.clean_value).abs().max() > 1e-6
 
 
+@pytest.mark.parametrize("fixture, metric, how", CASES)
+def test_exact_edges_without_forks_equal_transformer_lens_per_head_inputs(
+        request, fixture, metric, how, monkeypatch):
+    """Exact edge patches on the plain model (each query/key/value receiver's change added at
+    ``attn.hook_q/k/v`` as ``(ln1(R + d) - ln1(R)) W[h]``) equal the same patches on
+    TransformerLens's per-head input copies (``use_split_qkv_input``: the head's own
+    ``hook_q_input`` gets ``d``), on every receiver kind, the metric's included."""
+    from mechsink.discover import plain_grads
+
+    model = request.getfixturevalue(fixture)
+    run = GraphRun(model, _tokens(0), metric, **how)
+    assert run.head_projections is not None  # the plain path runs on these models
+    g = run.graph
+    kinds: dict[str, list[int]] = {}
+    for e in range(g.n_edges):
+        kinds.setdefault(g.receivers[int(g.dst[e])].kind, []).append(e)
+    gen = torch.Generator().manual_seed(1)
+    edges = [e for k in sorted(kinds) for e in
+             torch.tensor(kinds[k])[torch.randperm(len(kinds[k]), generator=gen)[:6]].tolist()]
+    plain = run.exact(edges, batch_size=5)
+    monkeypatch.setattr(plain_grads, "ENABLED", False)
+    forks = run.exact(edges, batch_size=5)
+    assert (plain - forks).abs().max() <= 1e-5 * max(1.0, float(forks.abs().max()))
+    assert (forks - run.clean_value).abs().max() > 1e-6
+
+
 def test_a_gradient_run_keeps_nothing_alive(llama_tiny):
     """run_coeffs(with_grad=True) leaves no run's autograd graph behind: its gradient hooks once
     held the hook object (and its writes), a cycle through autograd's nodes that kept every

@@ -64,7 +64,7 @@ def mlp_in_only(model: Any) -> Iterator[None]:
                 getattr(model, f"set_{flag}")(value)
 
 
-def _weights(model: Any, kind: str) -> Float[Tensor, "layer head d_model d_head"]:
+def head_weights(model: Any, kind: str) -> Float[Tensor, "layer head d_model d_head"]:
     """Per-head (query) or per-KV-head (key, value) input projections, raw and detached."""
     if kind == "q":
         return model.W_Q.detach()
@@ -141,7 +141,7 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
     hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
     with mlp_in_only(model):
         gradient_run(run, resid0, leaf, start, copies, hooks)
-    weights = {k: _weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
+    weights = {k: head_weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
     # model.W_Q stacks every layer's weights)
     if not _premises_hold(model, kept, norm, weights, start):
         return None
@@ -259,7 +259,7 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
     biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
     for kind in ("q", "k", "v"):
         proj = torch.einsum("bpd,hde->bphe", out, weights[kind][layer])
-        bias = _bias(model, biases[kind], proj.shape[2], layer)
+        bias = head_bias(model, biases[kind], proj.shape[2], layer)
         if bias is not None:
             proj = proj + bias
         if proj.shape != kept[f"{kind}0"].shape or not _close(proj, kept[f"{kind}0"]):
@@ -273,7 +273,7 @@ def _gain(model: Any, layer: int) -> Tensor | None:
     return None if w is None else w.detach()
 
 
-def _bias(model: Any, name: str, heads: int, layer: int = 0) -> Tensor | None:
+def head_bias(model: Any, name: str, heads: int, layer: int = 0) -> Tensor | None:
     """Layer ``layer``'s projection bias ``[head, d_head]`` for ``heads`` heads, or None."""
     if is_hooked_transformer(model) and name != "b_Q" and heads != int(model.cfg.n_heads):
         b = getattr(model.blocks[layer].attn, f"_{name}", None)

@@ -48,6 +48,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mechsink.discover import plain_grads
 from mechsink.discover.graph import Graph, metric_point
 from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
@@ -185,6 +186,9 @@ class GraphRun:
         names = set(self._write_hooks(range(g.n_layers)))
         names |= {act_name("resid_pre", layer) for layer in (*range(g.n_layers), g.point.layer)}
         names |= {act_name("pattern", layer) for layer in range(g.n_layers)}
+        known = hook_names(model)  # q/k/v: the check behind exact patches without forks
+        names |= {n for layer in range(g.n_layers) for k in "qkv"
+                  if (n := act_name(k, layer)) in known}
         with torch.no_grad(), graph_mode(model, inputs=False):
             s = engine.setup(model, tokens, corrupted, first_metric, prepend_bos=prepend_bos,
                              keep={"clean": names, "corrupted": names},
@@ -204,8 +208,8 @@ class GraphRun:
                 w_corr = torch.stack([abl.values(self.w_clean[:, :, u], self.positions)
                                       for u in range(len(g.senders))], 2)
             where = self.positions.to(w_corr.device).view(1, seq_len, 1, 1)
-            self.w_corr: Float[Tensor, "batch pos sender d_model"] = torch.where(
-                where, w_corr, self.w_clean)
+            self.w_corr: Float[Tensor, "batch pos sender d_model"] = w_corr if bool(
+                self.positions.all()) else torch.where(where, w_corr, self.w_clean)
             self.delta = self.w_corr - self.w_clean
             #: what an exact edge patch adds to its receiver's input: ``delta``, except that a
             #: post-normed head's column recomputes its block's norm (:meth:`_edge_delta`)
@@ -413,32 +417,82 @@ class GraphRun:
             for lay in sorted(set(layer)):
                 same = [i for i in order if layer[i] == lay]
                 batches += [same[lo:lo + per] for lo in range(0, len(same), per)]
-        with torch.no_grad(), graph_mode(self.model):
+        projections = self.head_projections if plain_grads.ENABLED else None
+        mode = graph_mode(self.model) if projections is None else \
+            plain_grads.mlp_in_only(self.model)
+        with torch.no_grad(), mode:
             for chunk in batches:
                 joins = [layer[i] for i in chunk]
-                out[chunk] = self._exact_batch(joins, [edges[i] for i in chunk], first)
+                out[chunk] = self._exact_batch(joins, [edges[i] for i in chunk], first,
+                                               projections)
         return out
 
-    def _exact_batch(self, joins: list[int], edges: list[int], first: int) -> Tensor:
-        """One forward for ``edges``, copy ``c`` joining at block ``joins[c]`` (sorted)."""
+    @cached_property
+    def head_projections(self) -> dict[str, Tensor] | None:
+        """The query, key and value weights ``[layer, head, d_model, d_head]`` when every
+        layer's ``attn.hook_q/k/v`` is its ``ln1``'s output of the residual times them plus a
+        bias (checked on the clean run, every position and layer); None otherwise (a norm on
+        q/k after the projection, a fused or post-normed attention, no ``ln1``).
+
+        Then a head's own input ``R + d`` changes its query by ``(ln1(R + d) - ln1(R)) W[h]``
+        exactly, and an exact edge patch adds that at ``attn.hook_q`` (before rotary) with
+        the model run plainly: graph mode's per-head copies of the residual, each normalised
+        and projected on its own, cost more than the rest of the block."""
+        with torch.no_grad():
+            return self._check_projections()
+
+    def _check_projections(self) -> dict[str, Tensor] | None:
+        model, acts = self.model, self.clean.acts
+        weights = {k: plain_grads.head_weights(model, k) for k in "qkv"}
+        for layer in range(self.graph.n_layers):
+            norm = getattr(model.blocks[layer], "ln1", None)
+            if norm is None or self.post_norm:
+                return None
+            normed = norm(acts[act_name("resid_pre", layer)])
+            for kind, bias_name in zip("qkv", ("b_Q", "b_K", "b_V"), strict=True):
+                seen = acts.get(act_name(kind, layer))
+                w = weights[kind][layer]
+                if seen is None or seen.shape[2] != w.shape[0] or normed.shape[-1] != w.shape[1]:
+                    return None
+                proj = torch.einsum("bpd,hde->bphe", normed, w)
+                bias = plain_grads.head_bias(model, bias_name, w.shape[0], layer)
+                if bias is not None:
+                    proj = proj + bias
+                tol = plain_grads.TOLERANCE * max(1.0, float(seen.abs().max()))
+                if float((proj - seen).abs().max()) > tol:
+                    return None
+        return weights
+
+    def _exact_batch(self, joins: list[int], edges: list[int], first: int,
+                     projections: dict[str, Tensor] | None = None) -> Tensor:
+        """One forward for ``edges``, copy ``c`` joining at block ``joins[c]`` (sorted); with
+        ``projections`` (:attr:`head_projections`) the model runs without per-head forks and
+        an edge into a query/key/value adds its projected change at ``attn.hook_q/k/v``."""
         g, b = self.graph, self.batch
-        per_hook: dict[str, list[tuple[int, int | None, int]]] = {}
+        delta = self.edge_delta[:, first:]  # the patched runs compute positions ``first..``
+        #: hook -> (copy, head or None, what the copy's rows get added)
+        per_hook: dict[str, list[tuple[int, int | None, Tensor]]] = {}
+        changes = _HeadChanges(self, projections, first) if projections is not None else None
         for c, e in enumerate(edges):
             u, r = int(g.src[e]), g.receivers[int(g.dst[e])]
             for hook, head in g.sites(r):
-                per_hook.setdefault(hook, []).append((c, head, u))
-        delta = self.edge_delta[:, first:]  # the patched runs compute positions ``first..``
+                add = delta[:, :, u]
+                kind = _READS.get(hook.rsplit(".", 1)[-1])
+                if changes is not None and kind is not None:
+                    layer = r.layer if r.kind != "metric" else g.point.layer
+                    hook, add = act_name(kind, layer), changes.of(kind, layer, u, head)
+                per_hook.setdefault(hook, []).append((c, head, add))
 
-        def patch(items: list[tuple[int, int | None, int]]) -> HookFn:
+        def patch(items: list[tuple[int, int | None, Tensor]]) -> HookFn:
             def hook(act: Tensor, hook: Any) -> Tensor:
                 new = act.clone()
-                for c, head, u in items:
+                for c, head, add in items:
                     rows = slice(c * b, (c + 1) * b)
                     if head is None:
-                        new[rows] += delta[:, :, u].unsqueeze(2) if new.ndim == 4 \
-                            else delta[:, :, u]
+                        new[rows] += add.unsqueeze(2) if new.ndim == 4 and add.ndim == 3 \
+                            else add
                     else:
-                        new[rows, :, head] += delta[:, :, u]
+                        new[rows, :, head] += add
                 return new if _own_copy(hook.name) else write_in_place(act, new)
             return hook
 
@@ -480,6 +534,38 @@ class GraphRun:
             coeffs = self.graph.dense((~rows).to(self.delta.dtype))
             out.append(self.run_coeffs(coeffs)[0])
         return torch.cat(out)
+
+
+#: the per-head input hooks of graph mode and the projection each feeds
+_READS = {"hook_q_input": "q", "hook_k_input": "k", "hook_v_input": "v"}
+
+
+class _HeadChanges:
+    """What an exact edge patch adds at ``attn.hook_q/k/v`` when the model runs without
+    per-head forks: ``(ln1(R + d_u) - ln1(R)) W[h]`` over the computed positions, ``R`` the
+    clean residual entering the receiver's layer (a copy joins the staircase there, clean
+    upstream), ``d_u`` the sender's ``edge_delta``; ``head`` None: every head (the metric
+    at an attention input)."""
+
+    def __init__(self, run: GraphRun, weights: dict[str, Tensor], first: int) -> None:
+        self.run, self.weights, self.first = run, weights, first
+        self.normed: dict[tuple[int, int], Tensor] = {}  # (layer, sender) -> ln1 change
+        self.base: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (R, ln1(R))
+
+    def of(self, kind: str, layer: int, sender: int, head: int | None) -> Tensor:
+        key = (layer, sender)
+        norm = self.run.model.blocks[layer].ln1
+        if layer not in self.base:
+            resid = self.run.clean.acts[act_name("resid_pre", layer)][:, self.first:]
+            self.base[layer] = resid, norm(resid)
+        if key not in self.normed:
+            resid, at_base = self.base[layer]
+            d = self.run.edge_delta[:, self.first:, sender].to(resid.dtype)
+            self.normed[key] = norm(resid + d) - at_base
+        w = self.weights[kind][layer]
+        if head is None:
+            return torch.einsum("bpd,hde->bphe", self.normed[key], w)
+        return self.normed[key] @ w[head]
 
 
 def _grad_keeper(grads: dict[str, Tensor], name: str) -> HookFn:

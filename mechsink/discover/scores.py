@@ -154,7 +154,7 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
     ``keep_writes``, else the run's own ``delta``).
 
     With the run's own delta this is a few large matrix products in float64: the tokens (batch
-    x corrupted positions: ``delta`` is exactly 0 elsewhere) in blocks of about 256 MiB, each
+    x corrupted positions: ``delta`` is exactly 0 elsewhere) in blocks of about 64 MiB, each
     block's deltas ``[sender, token * d_model]`` and every receiver column's gradients
     ``[column, token * d_model]`` converted once, and the senders in four bands, each
     multiplied by the columns of the receivers reading after the band's first sender (the
@@ -173,14 +173,17 @@ def from_grads(run: GraphRun, grads: dict[str, Tensor],
     n_max, n_cols = int(limits.max()), len(idx)
     delta = token_rows(run, run.delta)  # [token, sender, d_model]
     n_tok, d = delta.shape[0], delta.shape[-1]
-    per = max(1, (256 << 20) // max(1, (n_max + n_cols) * d * 8))
+    per = min(n_tok, max(1, (64 << 20) // max(1, (n_max + n_cols) * d * 8)))
     bands = [(lo, min(n_max, lo + -(-n_max // 4))) for lo in range(0, n_max, -(-n_max // 4))]
     firsts = [int((limits > lo).nonzero()[0, 0]) for lo, _ in bands]  # columns sorted by limit
+    # two buffers reused for every block: fresh memory is paid for once, not per block
+    dm_buf = torch.empty(n_max * per * d, dtype=torch.float64)
+    gm_buf = torch.empty(n_cols * per * d, dtype=torch.float64)
     for t0 in range(0, n_tok, per):
         t1 = min(n_tok, t0 + per)
-        dm = torch.empty(n_max, t1 - t0, d, dtype=torch.float64)
+        dm = dm_buf[:n_max * (t1 - t0) * d].view(n_max, t1 - t0, d)
+        gm = gm_buf[:n_cols * (t1 - t0) * d].view(n_cols, t1 - t0, d)
         dm.copy_(delta[t0:t1, :n_max].transpose(0, 1))
-        gm = torch.empty(n_cols, t1 - t0, d, dtype=torch.float64)
         c = 0
         for _, cols, grad in columns:  # grad [token, columns, d_model]
             gm[c:c + len(cols)].copy_(grad[t0:t1].transpose(0, 1))
