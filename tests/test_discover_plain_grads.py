@@ -65,13 +65,16 @@ def test_a_failed_premise_falls_back(llama_tiny, monkeypatch):
     """A query projection that is not what hook_q holds (here: the check's weights doubled)
     is caught and the caller gets None (graph mode)."""
     run = GraphRun(llama_tiny, _tokens(0), SinkScore(1), corrupted=_tokens(1))
-    real = plain_grads._weights
-    monkeypatch.setattr(plain_grads, "_weights",
+    real = plain_grads.head_weights
+    monkeypatch.setattr(plain_grads, "head_weights",
                         lambda model, kind: 2 * real(model, kind) if kind == "q" else
                         real(model, kind))
     assert plain_grads.receiver_grads(run, [0.0]) is None
     grads = sc.clean_gradients(run)  # and the method still works, through graph mode
     assert grads
+    # exact edges: the same check refuses the plain path, the per-head copies run instead
+    assert run.head_projections is None
+    assert torch.isfinite(run.exact([0, run.graph.n_edges - 1])).all()
 
 
 @pytest.mark.slow

@@ -152,8 +152,9 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
             gr = grads.pop(act_name(kind, layer), None)
             if gr is None:
                 continue
-            u = torch.einsum("bphe,hde->bphd", gr, weights[kind][layer])
-            u = u if w is None else u * w
+            weight = weights[kind][layer]  # the gain folded into the (small) weights
+            weight = weight if w is None else weight * w.to(weight.dtype).view(1, -1, 1)
+            u = torch.einsum("bphe,hde->bphd", gr, weight)
             grads[Receiver(kind, layer).read_hook] = _norm_vjp(u, x, scale, norm)
     return grads
 
@@ -211,14 +212,20 @@ def _start(run: Any, group: Sequence[int] | None) -> tuple[int, str | None]:
 def _norm_vjp(u: Tensor, x: Float[Tensor, "rows pos d_model"], scale: Tensor, norm: str
               ) -> Float[Tensor, "rows pos head d_model"]:
     """``J^T u`` per head for ``y = x / s`` (RMS) or ``y = (x - mean x) / s`` (LN), ``s``
-    the norm's scale (``hook_scale``, eps included), ``u`` ``[rows, pos, head, d_model]``."""
-    s = scale.reshape(*x.shape[:2], 1, 1)
-    xs = x.unsqueeze(2)
-    if norm == "ln":
-        xhat = (xs - xs.mean(-1, keepdim=True)) / s
-        return (u - u.mean(-1, keepdim=True) - xhat * (u * xhat).mean(-1, keepdim=True)) / s
+    the norm's scale (``hook_scale``, eps included), ``u`` ``[rows, pos, head, d_model]``
+    (overwritten: the result is computed in place, one pass per term, no temporaries of
+    ``u``'s size):
+
+    RMS: ``(u - x (x . u) / (d s^2)) / s``; LN: ``(u - mean u - xhat (xhat . u) / d) / s``
+    with ``xhat = (x - mean x) / s``."""
     d = x.shape[-1]
-    return u / s - xs * (u * xs).sum(-1, keepdim=True) / (d * s ** 3)
+    s = scale.reshape(*x.shape[:2], 1)
+    ref = (x - x.mean(-1, keepdim=True)) / s if norm == "ln" else x
+    k = torch.einsum("bphd,bpd->bph", u, ref) / (d if norm == "ln" else d * s * s)
+    if norm == "ln":
+        u.sub_(u.mean(-1, keepdim=True))
+    u.addcmul_(ref.unsqueeze(2), k.unsqueeze(-1), value=-1.0)
+    return u.div_(s.unsqueeze(-1))
 
 
 def _close(a: Tensor, b: Tensor) -> bool:
