@@ -207,15 +207,23 @@ class GraphRun:
                 assert abl is not None
                 w_corr = torch.stack([abl.values(self.w_clean[:, :, u], self.positions)
                                       for u in range(len(g.senders))], 2)
-            where = self.positions.to(w_corr.device).view(1, seq_len, 1, 1)
-            self.w_corr: Float[Tensor, "batch pos sender d_model"] = w_corr if bool(
-                self.positions.all()) else torch.where(where, w_corr, self.w_clean)
-            self.delta = self.w_corr - self.w_clean
+            if not bool(self.positions.all()):
+                where = self.positions.to(w_corr.device).view(1, seq_len, 1, 1)
+                w_corr = torch.where(where, w_corr, self.w_clean)
+            #: each sender's corrupted minus clean write (computed in place: the corrupted
+            #: writes themselves, :attr:`w_corr`, are rebuilt only by the runs that inject)
+            self.delta: Float[Tensor, "batch pos sender d_model"] = w_corr.sub_(self.w_clean)
             #: what an exact edge patch adds to its receiver's input: ``delta``, except that a
             #: post-normed head's column recomputes its block's norm (:meth:`_edge_delta`)
             self.edge_delta: Float[Tensor, "batch pos sender d_model"] = self._edge_delta(
                 self.clean.acts, None if s.corrupted is None else s.corrupted.acts)
         self.batch, self.seq_len = batch, seq_len
+
+    @cached_property
+    def w_corr(self) -> Float[Tensor, "batch pos sender d_model"]:
+        """Each sender's corrupted write (``w_clean + delta``), built on first use: only the
+        runs with edge coefficients read it, and holding it costs a ``delta``'s memory."""
+        return self.w_clean + self.delta
 
     @staticmethod
     def _position_mask(positions: Sequence[int] | None, seq_len: int,
