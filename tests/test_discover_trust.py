@@ -35,6 +35,19 @@ def test_a_disagreeing_recheck_warns_and_selects_from_exact_scores(llama_tiny, m
     assert checked.settings["exact_where_checked"] is True
 
 
+def test_the_warning_suggests_only_what_was_not_tried(llama_tiny, monkeypatch):
+    """EAP-IG on activations is not told to use IG on activations (it was, in p0_edges)."""
+    run = GraphRun(llama_tiny, _tokens(0), SinkScore(1), corrupted=_tokens(1))
+    monkeypatch.setattr(sc, "AGREEMENT_BOUND", 1.01)
+    with pytest.warns(sc.UntrustedScoresWarning) as got:
+        eap_ig(run, steps=1, qk_fix=False, verify=6)
+    text = str(got[0].message)
+    assert "more steps" in text and "ig='activations'" not in text
+    with pytest.warns(sc.UntrustedScoresWarning) as got:
+        eap(run, qk_fix=False, verify=6)
+    assert "ig='activations'" in str(got[0].message)
+
+
 def test_too_few_checks_are_not_judged(llama_tiny, monkeypatch):
     run = GraphRun(llama_tiny, _tokens(0), SinkScore(1), corrupted=_tokens(1))
     monkeypatch.setattr(sc, "AGREEMENT_BOUND", 1.01)

@@ -348,8 +348,11 @@ def distrust(out: EdgeScores, top: list[int], exact: Tensor) -> None:
     out.values = out.values.clone()
     out.values[torch.as_tensor(top)] = exact.to(out.values.dtype)
     out.settings["exact_where_checked"] = True
+    other = [] if out.method != "eap-ig" else ["more steps"]
+    if out.settings.get("ig", "activations") != "activations" or out.method == "eap":
+        other.append("method='eap-ig' with ig='activations'")
+    remedy = ", ".join([*other, "method='exact' on a shortlist"])
     warnings.warn(UntrustedScoresWarning(
         f"{out.method}'s top {len(top)} edges agree poorly with their exact re-patch "
         f"(Spearman {rho:.2f} < {AGREEMENT_BOUND}): those edges now carry their exact scores "
-        "and the circuit is selected from them; use more steps, ig='activations' or "
-        "method='exact' on a shortlist."), stacklevel=3)
+        f"and the circuit is selected from them; try {remedy}."), stacklevel=3)
