@@ -263,13 +263,24 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
         out = normed
     else:
         return False
-    biases = {"q": "b_Q", "k": "b_K", "v": "b_V"}
-    for kind in ("q", "k", "v"):
-        proj = torch.einsum("bpd,hde->bphe", out, weights[kind][layer])
-        bias = head_bias(model, biases[kind], proj.shape[2], layer)
+    return projections_hold(model, out, {k: kept[f"{k}0"] for k in "qkv"}, weights, layer)
+
+
+def projections_hold(model: Any, normed: Float[Tensor, "rows pos d_model"],
+                     seen: dict[str, Tensor], weights: dict[str, Tensor], layer: int) -> bool:
+    """Whether block ``layer``'s ``hook_q/k/v`` (``seen["q"]`` ...) are ``normed`` (its
+    attention norm's output) times the per-head weights plus the bias, within
+    :data:`TOLERANCE`: the premise both closed forms here and exact edges without forks
+    (:attr:`GraphRun.head_projections`) rest on."""
+    for kind, bias_name in zip("qkv", ("b_Q", "b_K", "b_V"), strict=True):
+        want, w = seen.get(kind), weights[kind][layer]
+        if want is None or normed.shape[-1] != w.shape[1]:
+            return False
+        proj = torch.einsum("bpd,hde->bphe", normed, w)
+        bias = head_bias(model, bias_name, w.shape[0], layer)
         if bias is not None:
             proj = proj + bias
-        if proj.shape != kept[f"{kind}0"].shape or not _close(proj, kept[f"{kind}0"]):
+        if proj.shape != want.shape or not _close(proj, want):
             return False
     return True
 

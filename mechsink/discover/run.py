@@ -53,7 +53,7 @@ from mechsink.discover.graph import Graph, metric_point
 from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
-from mechsink.model import act_name, down_projection, hook_names, write_in_place
+from mechsink.model import act_name, block_norm, down_projection, hook_names, write_in_place
 from mechsink.model.support import architecture, check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
@@ -291,7 +291,8 @@ class GraphRun:
                 r_corr = self.ablation.values(r_clean, self.positions)
             dr = torch.where(where, r_corr - r_clean, torch.zeros_like(r_clean))
             base = clean[act_name("ln1_post.hook_in", layer)]
-            norm = self.model.blocks[layer].ln1_post
+            norm = block_norm(self.model, layer, "ln1_post")
+            assert norm is not None  # post_norm: the model hooks it
             at_base = norm(base)
             for col in cols:
                 h = g.senders[col].index
@@ -453,22 +454,13 @@ class GraphRun:
         model, acts = self.model, self.clean.acts
         weights = {k: plain_grads.head_weights(model, k) for k in "qkv"}
         for layer in range(self.graph.n_layers):
-            norm = getattr(model.blocks[layer], "ln1", None)
+            norm = block_norm(model, layer, "ln1")
             if norm is None or self.post_norm:
                 return None
             normed = norm(acts[act_name("resid_pre", layer)])
-            for kind, bias_name in zip("qkv", ("b_Q", "b_K", "b_V"), strict=True):
-                seen = acts.get(act_name(kind, layer))
-                w = weights[kind][layer]
-                if seen is None or seen.shape[2] != w.shape[0] or normed.shape[-1] != w.shape[1]:
-                    return None
-                proj = torch.einsum("bpd,hde->bphe", normed, w)
-                bias = plain_grads.head_bias(model, bias_name, w.shape[0], layer)
-                if bias is not None:
-                    proj = proj + bias
-                tol = plain_grads.TOLERANCE * max(1.0, float(seen.abs().max()))
-                if float((proj - seen).abs().max()) > tol:
-                    return None
+            seen = {k: t for k in "qkv" if (t := acts.get(act_name(k, layer))) is not None}
+            if not plain_grads.projections_hold(model, normed, seen, weights, layer):
+                return None
         return weights
 
     def _exact_batch(self, joins: list[int], edges: list[int], first: int,
@@ -562,7 +554,7 @@ class _HeadChanges:
 
     def of(self, kind: str, layer: int, sender: int, head: int | None) -> Tensor:
         key = (layer, sender)
-        norm = self.run.model.blocks[layer].ln1
+        norm = block_norm(self.run.model, layer, "ln1")
         if layer not in self.base:
             resid = self.run.clean.acts[act_name("resid_pre", layer)][:, self.first:]
             self.base[layer] = resid, norm(resid)

@@ -36,6 +36,7 @@ _LAZY = {
     "PrefixKV": "mechsink.model.kv",
     "act_name": "mechsink.model.hooks",
     "architecture_summary": "mechsink.model.adapter",
+    "block_norm": "mechsink.model.weights",
     "attention_scale": "mechsink.model.weights",
     "bos_token_id": "mechsink.model.tokens",
     "capabilities": "mechsink.model.probes",
@@ -104,7 +105,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
-    "attention_scale", "bos_token_id", "capabilities", "check_metric_supported", "check_seq_len",
+    "attention_scale", "block_norm", "bos_token_id", "capabilities", "check_metric_supported",
+    "check_seq_len",
     "check_supported", "check_tokens", "context_length", "down_projection",
     "down_projection_bias", "has_hook", "has_learned_sink", "head_output_weights", "hf_model_of",
     "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",

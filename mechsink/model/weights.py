@@ -81,6 +81,13 @@ def query_bias(model: Any, layer: int) -> Float[Tensor, "head d_head"] | None:
     return None if b_q is None else b_q[layer].detach()
 
 
+def block_norm(model: Any, layer: int, which: str = "ln1") -> Any | None:
+    """Block ``layer``'s normalisation module ``which`` (``ln1`` before attention, ``ln2``
+    before the MLP, ``ln1_post`` after attention where the model has one), callable on a
+    residual ``[..., d_model]`` as the model applies it; None where the block has none."""
+    return getattr(model.blocks[layer], which, None)
+
+
 def norm_params(model: Any, layer: int, which: str = "ln1") -> tuple[Tensor, Tensor | None]:
     """Gain and bias of a block's normalisation (``ln1`` before attention, ``ln2`` before the
     MLP); the bias is None for RMSNorm."""
