@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from mechsink.errors import BadInputError, MechsinkError
+from mechsink.errors import BadInputError, MechsinkError, warn
 
 __all__ = [
     "LOCK_FILE",
@@ -46,6 +46,7 @@ __all__ = [
     "full_disk_is_one_line",
     "result_set",
     "check_result_set",
+    "manifest_path",
 ]
 
 
@@ -391,6 +392,31 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
 
 
+def _manifest_names(manifest: dict[str, Any]) -> list[str]:
+    files = manifest.get("files")
+    return [str(name) for name in files] if isinstance(files, dict) else []
+
+
+def manifest_path(folder: Path, name: str) -> Path | None:
+    """Where the manifest entry ``name`` of ``folder`` lies, or None when it does not name a
+    path inside ``folder``: an absolute path, a ``..`` part, an empty name, or a path through a
+    symbolic link leading out of the folder (a planted manifest must never make mechsink read,
+    write or delete anything elsewhere). The last part may itself be a link: it is the link
+    that is meant (removed, never followed)."""
+    rel = Path(name)
+    if not name or rel.is_absolute() or ".." in rel.parts or rel.parts in ((), (".",)):
+        return None
+    path = folder / rel
+    root = folder.resolve()
+    try:
+        parent = path.parent.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    if parent != root and not parent.is_relative_to(root):
+        return None
+    return path
+
+
 def _remove_dead_staging(folder: Path) -> None:
     """Staging folders of processes that no longer run (killed mid-write) are thrown away."""
     for old in folder.glob(_STAGING + "*"):
@@ -428,12 +454,20 @@ def result_set(folder: str | Path, *, command: str | None = None) -> Iterator[Pa
         (folder / MANIFEST).unlink(missing_ok=True)  # from here until the end: incomplete
         for top in sorted({r.parts[0] for r in new}):
             target = folder / top
-            if target.is_dir() and not target.is_symlink():
+            if target.is_symlink():
+                target.unlink()  # replaced by the new file or folder, never written through
+            elif target.is_dir():
                 shutil.rmtree(target)
             os.replace(staging / top, target)
         if old is not None:
-            for name in set(old.get("files", {})) - set(entries):
-                (folder / name).unlink(missing_ok=True)
+            for name in sorted(set(_manifest_names(old)) - set(entries)):
+                path = manifest_path(folder, name)
+                if path is None:
+                    warn(f"{folder / MANIFEST} names {name!r}, which is not a file inside "
+                         f"{folder}: left alone (a manifest only ever lists its own folder's "
+                         "files; this one was edited or planted).")
+                elif not path.is_dir() or path.is_symlink():
+                    path.unlink(missing_ok=True)  # a link is removed, never followed
         os.replace(staging / MANIFEST, folder / MANIFEST)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -449,10 +483,16 @@ def check_result_set(folder: str | Path, *, full: bool = False) -> dict[str, Any
         raise IncompleteResultError(
             f"{folder} holds no complete mechsink result (no {MANIFEST}: the command that "
             "wrote it did not finish): run it again.")
-    for name, entry in manifest["files"].items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != entry["bytes"] or (
-                full and _sha256(path) != entry["sha256"]):
+    files = manifest.get("files")
+    for name, entry in (files.items() if isinstance(files, dict) else ()):
+        path = manifest_path(folder, str(name))
+        if path is None or path.is_symlink():
+            raise IncompleteResultError(
+                f"{folder / MANIFEST} names {name!r}, which is not a file inside {folder}: "
+                "this manifest was not written by mechsink; run the command again.")
+        if not isinstance(entry, dict) or not path.is_file() or \
+                path.stat().st_size != entry.get("bytes") or (
+                full and _sha256(path) != entry.get("sha256")):
             raise IncompleteResultError(
                 f"{path} does not match {folder / MANIFEST} (changed or cut short since the "
                 "result was written): run the command again.")
