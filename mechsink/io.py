@@ -16,11 +16,12 @@ import math
 import os
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +33,8 @@ __all__ = [
     "FolderLockedError",
     "check_writable",
     "folder_lock",
+    "open_lock_file",
+    "check_no_links",
     "atomic_file",
     "atomic_dir",
     "atomic_write_bytes",
@@ -271,6 +274,53 @@ def _locked_error(folder: Path, holder: dict[str, Any]) -> FolderLockedError:
     )
 
 
+def open_lock_file(path: Path) -> int:
+    """Open (creating it if needed) the lock file ``path`` for reading and writing, never
+    through a symbolic link: created with ``O_CREAT | O_EXCL | O_NOFOLLOW``, or, when one is
+    already there (a lock left by a dead process), opened with ``O_NOFOLLOW``. A link, or
+    anything but a plain file with a single name (a hard link to another file), is refused in
+    one line: a lock's holder truncates and rewrites it, which must never reach another file."""
+    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, flags | nofollow | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            continue  # removed by its holder in between: create it
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or path.is_symlink():
+                raise BadInputError(
+                    f"{path} is a symbolic link where mechsink keeps a lock file: mechsink never "
+                    "writes through a link; delete it and run again.") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a file"
+            raise BadInputError(f"{path} is {what} where mechsink keeps a lock file: delete it "
+                                "and run again.")
+        os.set_blocking(fd, True)
+        return fd
+    raise BadInputError(f"{path} keeps appearing and disappearing: run again.")
+
+
+def check_no_links(folder: Path, names: Iterable[str], *, option: str = "--out") -> None:
+    """Refuse, in one line and before any work, when one of the subfolders ``names`` that a
+    command writes into inside ``folder`` is a symbolic link (its files would land wherever the
+    link points, outside ``folder``)."""
+    for name in names:
+        path = Path(folder) / name
+        if path.is_symlink():
+            raise BadInputError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): mechsink writes only inside "
+                f"{option} {folder}, never through a link; remove the link or choose another "
+                "folder.")
+
+
 @contextmanager
 def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[Path]:
     """Hold the advisory lock of output folder ``folder`` for the block (one writer per folder).
@@ -302,7 +352,7 @@ def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[P
     lock = key / LOCK_FILE
     info = {"pid": os.getpid(), "command": command or shlex.join(sys.argv)}
     for _ in range(100):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

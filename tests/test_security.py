@@ -5,14 +5,22 @@ run anything outside what it was asked to."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from mechsink.app.cli import app
-from mechsink.errors import MechsinkWarning
-from mechsink.io import MANIFEST, IncompleteResultError, check_result_set, result_set
+from mechsink.errors import BadInputError, MechsinkWarning
+from mechsink.io import (
+    LOCK_FILE,
+    MANIFEST,
+    IncompleteResultError,
+    check_result_set,
+    folder_lock,
+    result_set,
+)
 
 PATCH = ["patch", "random:gpt2-tiny", "--clean", "The cat sat on the mat", "--corrupted",
          "The dog sat on the mat", "--metric", "sink_score:1", "--device", "cpu"]
@@ -87,3 +95,83 @@ def test_check_result_set_refuses_a_manifest_naming_files_elsewhere(tmp_path: Pa
     _plant_manifest(tmp_path / "o", ["../victim.txt"])
     with pytest.raises(IncompleteResultError, match="not a file inside"):
         check_result_set(tmp_path / "o")
+
+
+# --- 3. symbolic links are never followed on write ------------------------------------------------
+
+
+def test_lock_in_out_that_is_a_symlink_is_refused_and_its_target_untouched(tmp_path: Path
+                                                                           ) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / LOCK_FILE).symlink_to(victim)
+    result = CliRunner().invoke(app, [*PATCH, "--out", str(out)])
+    assert result.exit_code != 0
+    assert "symbolic link" in result.output and "Traceback" not in result.output
+    assert victim.read_text() == "precious\n"
+    with pytest.raises(BadInputError, match="symbolic link"), folder_lock(out):
+        pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_lock_that_is_a_hard_link_to_another_file_is_refused(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "o").mkdir()
+    os.link(victim, tmp_path / "o" / LOCK_FILE)
+    with pytest.raises(BadInputError, match="hard link"), folder_lock(tmp_path / "o"):
+        pass
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_lock_left_by_a_dead_process_is_still_taken_over(tmp_path: Path) -> None:
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": 2**22 + 12345}) + "\n")
+    with folder_lock(tmp_path):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / LOCK_FILE).exists()
+
+
+def test_conversion_lock_that_is_a_symlink_is_refused(tmp_path: Path, monkeypatch) -> None:
+    from mechsink.model.zoo.stale import conversion_lock, lock_path
+
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path / "cache"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    lock = lock_path("smollm2-135m")
+    lock.parent.mkdir(parents=True)
+    lock.symlink_to(victim)
+    with pytest.raises(BadInputError, match="symbolic link"), conversion_lock("smollm2-135m"):
+        pass
+    assert victim.read_text() == "precious\n"
+
+
+SWEEP = """\
+models = ["random:gpt2-tiny"]
+jobs = ["census"]
+
+[census]
+suites = ["random"]
+variants = ["bos"]
+n = 1
+seq_len = 8
+"""
+
+
+@pytest.mark.parametrize("sub", ["shards", "census"])
+def test_sweep_whose_shard_or_job_folder_is_a_symlink_is_refused(tmp_path: Path, sub: str
+                                                                  ) -> None:
+    from mechsink.app.sweep import run_sweep
+
+    (tmp_path / "spec.toml").write_text(SWEEP)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / sub).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(BadInputError, match="symbolic link") as info:
+        run_sweep(tmp_path / "spec.toml", out)
+    assert "\n" not in str(info.value)
+    assert list(elsewhere.iterdir()) == []
+    assert not (out / "summary.json").exists()
