@@ -175,3 +175,201 @@ def test_sweep_whose_shard_or_job_folder_is_a_symlink_is_refused(tmp_path: Path,
     assert "\n" not in str(info.value)
     assert list(elsewhere.iterdir()) == []
     assert not (out / "summary.json").exists()
+
+
+# --- 4, 5. the conversion cache proves what it serves --------------------------------------------
+
+
+CACHED = "fake-pinned"
+TOKENS = [[50256, 464, 3139, 286, 4881, 318, 6342]]
+
+
+class _Source:
+    """A zoo source that writes a fixed tiny model and records a pinned 'source hash'."""
+
+    def __init__(self, model, tok, record):
+        self.model, self.tok, self._record, self.builds = model, tok, record, 0
+
+    def build(self, folder: Path, name: str) -> None:
+        self.builds += 1
+        self.model.save_pretrained(folder)
+        self.tok.save_pretrained(folder)
+
+    def record(self):
+        return self._record
+
+
+@pytest.fixture()
+def cached(tmp_path, monkeypatch):
+    """A named zoo entry (random:llama-tiny, seed 3) whose decoded weights are pinned, in a
+    temporary cache; returns (source, reference logits, its folder, a function making entries)."""
+    import importlib.metadata
+
+    import torch
+
+    from mechsink.model import assets, zoo
+    from mechsink.model.zoo import ZooEntry, random_hf_model
+    from mechsink.model.zoo.cache import Pinned
+
+    model, tok = random_hf_model("llama-tiny", seed=3)
+    with torch.no_grad():
+        expected = model(torch.tensor(TOKENS)).logits
+    model.save_pretrained(tmp_path / "reference")
+    weights_sha = assets.sha256_of(tmp_path / "reference" / "model.safetensors")
+    monkeypatch.setenv("MECHSINK_CACHE", str(tmp_path / "cache"))
+    version = importlib.metadata.version("transformers")
+
+    def entry(record=("gguf", "abc"), sha=weights_sha):
+        source = _Source(model, tok, list(record))
+        pinned = Pinned(version, {"model.safetensors": sha}) if sha else None
+        monkeypatch.setitem(zoo.NAMED_MODELS, CACHED,
+                            ZooEntry(CACHED, "a tiny pinned fake", source, pinned=pinned))
+        return source
+
+    return entry, expected, tmp_path / "cache" / "models" / CACHED
+
+
+def _load_logits():
+    import torch
+
+    from mechsink.model.zoo import load_model
+
+    with torch.no_grad():
+        return load_model(CACHED, device="cpu")(torch.tensor(TOKENS))
+
+
+def _flip_byte_keep_mtime(path: Path) -> None:
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(st.st_size - 100)
+        byte = f.read(1)
+        f.seek(st.st_size - 100)
+        f.write(bytes([byte[0] ^ 0x10]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _rewrite_records(folder: Path) -> None:
+    """What someone with write access does after editing a file: record its new hash, size
+    and times, so that checksums.json agrees with the files again."""
+    from mechsink.model import assets
+
+    data = json.loads((folder / "checksums.json").read_text())
+    for rel, rec in data["files"].items():
+        st = (folder / rel).stat()
+        rec.update(size=st.st_size, sha256=assets.sha256_of(folder / rel),
+                   mtime_ns=st.st_mtime_ns, ctime_ns=st.st_ctime_ns)
+    (folder / "checksums.json").write_text(json.dumps(data))
+
+
+def _row(verify: bool):
+    from mechsink.model import zoo
+
+    return next(r for r in zoo.list_models(verify=verify) if r["name"] == CACHED)
+
+
+def test_rewritten_weights_with_rewritten_checksums_fail_the_pins(cached, capfd) -> None:
+    import torch
+
+    entry, expected, folder = cached
+    source = entry()
+    _load_logits()
+    assert json.loads((folder / "mechsink.json").read_text())["pinned"] is True
+    assert _row(True)["proof"] == "pinned hashes"
+    _flip_byte_keep_mtime(folder / "model.safetensors")
+    _rewrite_records(folder)
+    row = _row(True)
+    assert not row["cached"] and "pinned" in row["problem"]
+    capfd.readouterr()
+    torch.testing.assert_close(_load_logits(), expected, rtol=0, atol=1e-5)
+    assert source.builds == 2 and "rebuilding" in capfd.readouterr().err
+    assert _row(True)["cached"]
+
+
+def test_verify_says_what_it_proves(cached) -> None:
+    entry, _, _ = cached
+    entry()
+    _load_logits()
+    result = CliRunner().invoke(app, ["models", "--verify"])
+    assert result.exit_code == 0, result.output
+    flat = " ".join(result.output.split())
+    assert f"{CACHED}: checked against pinned hashes" in flat
+    assert "does not defend against someone who can write to the cache" in flat
+
+
+def test_a_conversion_from_another_source_is_rebuilt(cached) -> None:
+    entry, _, folder = cached
+    entry(record=("gguf", "old"))
+    _load_logits()
+    source = entry(record=("gguf", "new"))  # the zoo entry now pins another source
+    _load_logits()
+    assert source.builds == 1
+    assert json.loads((folder / "mechsink.json").read_text())["source"] == ["gguf", "new"]
+
+
+def test_a_conversion_older_than_the_source_record_is_kept_when_it_matches_the_pins(
+        cached) -> None:
+    entry, _, folder = cached
+    source = entry()
+    _load_logits()
+    marker = json.loads((folder / "mechsink.json").read_text())
+    del marker["source"], marker["pinned"]
+    (folder / "mechsink.json").write_text(json.dumps(marker))
+    _rewrite_records(folder)  # as an older mechsink wrote it
+    _load_logits()
+    assert source.builds == 1  # proven by the pins: not converted again
+    assert json.loads((folder / "mechsink.json").read_text())["source"] == ["gguf", "abc"]
+    entry(sha=None)  # without pins the same folder is rebuilt
+    marker = json.loads((folder / "mechsink.json").read_text())
+    del marker["source"]
+    (folder / "mechsink.json").write_text(json.dumps(marker))
+    _rewrite_records(folder)
+    before = (folder / "mechsink.json").read_text()
+    _load_logits()
+    assert (folder / "mechsink.json").read_text() != before
+
+
+def test_a_conversion_that_does_not_reproduce_the_pins_is_used_once_built(cached, capfd) -> None:
+    entry, expected, _ = cached
+    source = entry(sha="0" * 64)
+    _load_logits()
+    assert "checked against their own record only" in capfd.readouterr().err
+    _load_logits()
+    assert source.builds == 1  # no rebuild on every load
+    assert _row(True)["proof"] == "own record (this conversion did not reproduce the pins)"
+
+
+def test_flipped_byte_with_restored_mtime_is_rebuilt_on_the_next_load(cached, capfd) -> None:
+    """The report's case 5a: the file's change time moves even when its modification time is
+    put back, so the cheap check hashes it."""
+    import torch
+
+    entry, expected, folder = cached
+    source = entry(sha=None)
+    _load_logits()
+    _flip_byte_keep_mtime(folder / "model.safetensors")
+    capfd.readouterr()
+    torch.testing.assert_close(_load_logits(), expected, rtol=0, atol=1e-5)
+    assert source.builds == 2 and "sha256" in capfd.readouterr().err
+
+
+def test_damage_found_by_verify_is_rebuilt_on_the_next_load(cached, capfd) -> None:
+    """The report's case 5b: damage the cheap check cannot see (here: its records of the times
+    brought up to date, as damage on the disk itself would leave them), found by `--verify`,
+    is not served by the next load."""
+    import torch
+
+    entry, expected, folder = cached
+    source = entry(sha=None)
+    _load_logits()
+    _flip_byte_keep_mtime(folder / "model.safetensors")
+    data = json.loads((folder / "checksums.json").read_text())
+    st = (folder / "model.safetensors").stat()
+    data["files"]["model.safetensors"]["ctime_ns"] = st.st_ctime_ns
+    (folder / "checksums.json").write_text(json.dumps(data))
+    assert _row(False)["cached"]  # invisible to the cheap check
+    result = CliRunner().invoke(app, ["models", "--verify"])
+    assert result.exit_code == 1 and f"damaged conversions: {CACHED}" in result.output
+    capfd.readouterr()
+    torch.testing.assert_close(_load_logits(), expected, rtol=0, atol=1e-5)
+    assert source.builds == 2 and "sha256" in capfd.readouterr().err
+    assert _row(True)["cached"]
