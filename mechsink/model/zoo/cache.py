@@ -139,22 +139,17 @@ def conversion_problem(folder: Path, *, full: bool = False, source: Any = None,
                        pinned: Pinned | None = None) -> str | None:
     """What is wrong with a converted folder, or None when it is whole.
 
-    The cheap check (``full=False``): no damage was found in it before (``DAMAGED``), the
-    marker and ``checksums.json`` are there, the marker records ``source`` (when given: the
-    sha256 of what the folder must have been decoded from), every recorded file exists with its
-    recorded size, the recorded hashes equal ``pinned`` (when given, applicable and the
-    conversion matched it), and a file whose modification or change time moved since it was
-    last hashed is hashed again. ``full=True`` hashes every file. Damage found (a size or a
-    hash that differs) is remembered in the folder, so any later check finds it too.
+    The cheap check (``full=False``): the marker and ``checksums.json`` are there, the marker
+    records ``source`` (when given: the sha256 of what the folder must have been decoded
+    from), every recorded file exists with its recorded size, the recorded hashes equal
+    ``pinned`` (when given, applicable and the conversion matched it), a file whose
+    modification or change time moved since it was last hashed is hashed again, and no
+    damage was found in it before (``DAMAGED``).
+    ``full=True`` hashes every file. Damage found (a size or a hash that differs) is
+    remembered in the folder, so any later check finds it too.
     """
     if not folder.is_dir():
         return "not converted yet"
-    try:
-        earlier = (folder / DAMAGED).read_text(encoding="utf-8").strip()
-    except OSError:
-        earlier = None
-    if earlier is not None:
-        return earlier or "found damaged earlier"
     if not (folder / MARKER).is_file():
         return f"{MARKER} is missing (an unfinished conversion)"
     files = _read_checksums(folder)
@@ -189,6 +184,12 @@ def conversion_problem(folder: Path, *, full: bool = False, source: Any = None,
                 return _damaged(folder, f"{rel} fails its sha256 check (changed since it was "
                                         "written)")
             rehashed = rehashed or moved
+    try:
+        earlier = (folder / DAMAGED).read_text(encoding="utf-8").strip()
+    except OSError:
+        earlier = None
+    if earlier is not None:  # found by an earlier check that this one could not repeat
+        return earlier or "found damaged earlier"
     if rehashed:  # e.g. a copied cache: hashes good, times new; remember them
         try:
             _refresh_mtimes(folder)
