@@ -373,3 +373,95 @@ def test_damage_found_by_verify_is_rebuilt_on_the_next_load(cached, capfd) -> No
     torch.testing.assert_close(_load_logits(), expected, rtol=0, atol=1e-5)
     assert source.builds == 2 and "sha256" in capfd.readouterr().err
     assert _row(True)["cached"]
+
+
+# --- 2. token strings and names never become markup or script -------------------------------------
+
+HOSTILE = "</script><script>document.title='PWNED'</script>"
+
+
+@pytest.fixture(scope="module")
+def hostile_model(tmp_path_factory) -> Path:
+    """A tiny random GPT-2 whose every ordinary token is a script tag (the organism word-level
+    tokenizer with its 64 words replaced), saved as a folder to load through ``hf:``."""
+    import shutil
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path_factory.mktemp("hostile")
+    tok_dir = Path(__file__).resolve().parents[1] / "mechsink" / "organisms" / "bb-gpt2-tiny"
+    shutil.copy(tok_dir / "tokenizer_config.json", folder)
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tok["model"]["vocab"] = {(HOSTILE.replace("PWNED", f"PWNED{i}") if i < 64 else word): i
+                             for word, i in vocab.items()}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=65, n_positions=64,
+                        bos_token_id=64, eos_token_id=64)
+    GPT2LMHeadModel(config).save_pretrained(folder)
+    return folder
+
+
+def _no_live_script(page: str, n_scripts: int) -> None:
+    """``page`` holds the ``n_scripts`` script elements mechsink writes, as an HTML parser
+    reads it (script content runs to the first ``</script``): no token string opened one."""
+    from html.parser import HTMLParser
+
+    class Scripts(HTMLParser):
+        found = 0
+
+        def handle_starttag(self, tag, attrs):
+            self.found += tag == "script"
+
+    parser = Scripts()
+    parser.feed(page)
+    parser.close()
+    assert parser.found == n_scripts
+    assert "<script>document.title" not in page
+
+
+def test_scan_report_embeds_hostile_tokens_as_data(hostile_model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "scan"
+    result = CliRunner().invoke(app, [
+        "scan", f"hf:{hostile_model}", "--out", str(out), "--suite", "random", "--variant",
+        "bos", "--n", "2", "--seq-len", "8", "--no-validate-sets", "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    page = (out / "attention.html").read_text()
+    assert "document.title='PWNED" in page  # the tokens are there, as data
+    assert "\\u003c/script\\u003e\\u003cscript\\u003edocument.title='PWNED" in page
+    _no_live_script(page, 2)
+    _no_live_script((out / "index.html").read_text(), 0)
+    from mechsink.viz.attention import circuitsvis_js
+
+    lib = circuitsvis_js()  # the one library script mechsink inlines, itself closed only once
+    assert "</script" not in lib.lower()
+
+
+def test_every_html_writer_escapes_what_it_embeds(tmp_path: Path) -> None:
+    import torch
+
+    from mechsink.viz import attention
+    from mechsink.viz.circuit_html import circuit_page
+    from mechsink.viz.gallery import attention_block
+    from mechsink.viz.html_safe import script_json
+
+    tokens = [HOSTILE, "a&b", "<!--"]
+    view = attention(torch.full((1, 3, 3), 1 / 3), tokens, title=HOSTILE)
+    attention.reset_js()
+    for page in (view.html(), view._repr_html_()):
+        _no_live_script(page, 2)
+        assert "<!--" not in page
+    head = {"layer": 0, "head": 1, "sink_score": 0.5, "pattern": [[1.0], [0.5, 0.5],
+                                                                  [0.3, 0.3, 0.4]]}
+    block = attention_block('x"><script>alert(1)</script>', tokens, [head], title=HOSTILE)
+    _no_live_script(block, 2)
+    assert '"><script>' not in block
+    graph = {"n_heads": 2, "n_kv_heads": 2, "n_layers": 1}
+    circuit = {"graph": graph, "n_edges": 1, "how": HOSTILE,
+               "edges": [{"sender": "embed", "receiver": "L0H1.q", "score": 0.5}]}
+    _no_live_script(circuit_page(circuit, tmp_path / "c.html").read_text(), 1)
+    # the JSON reads back as the same value, in JSON and in JavaScript string syntax
+    assert json.loads(script_json(tokens)) == tokens
+    assert not {"<", ">", "&"} & set(script_json(tokens))
