@@ -11,7 +11,7 @@ from typing import Any
 
 from mechsink.io import atomic_write_text
 from mechsink.viz.attention import write_attention_page
-from mechsink.viz.figures import write_figures
+from mechsink.viz.figures import not_drawn, write_figures
 from mechsink.viz.html_safe import text
 
 ATTENTION_PAGE = "attention.html"
@@ -55,12 +55,18 @@ def summary_table(data: Mapping[str, Any]) -> str:
     return f"<table>\n{head}\n" + "\n".join(rows) + "\n</table>"
 
 
-def index_page(data: Mapping[str, Any], figures: list[str]) -> str:
+def index_page(data: Mapping[str, Any], figures: list[str],
+               skipped: Mapping[str, str] | None = None) -> str:
+    """The report's index: settings, summary table, figures, and the figures not drawn
+    (``skipped``: name -> why)."""
     s = data["settings"]
     arch = data["architecture"]
     title = text(f"mechsink census: {data['model']}")
     figs = "\n".join(f'<figure><img src="{text(f)}" alt="{text(f)}">'
                      f"<figcaption>{text(f)}</figcaption></figure>" for f in figures)
+    if skipped:
+        figs += "\n<p>Not drawn for this model:</p>\n<ul>\n" + "\n".join(
+            f"<li>{text(name)}: {text(why)}</li>" for name, why in skipped.items()) + "\n</ul>"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
@@ -97,5 +103,5 @@ def write_report(data: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     figures = write_figures(data, folder)
     attention = write_attention_page(data, folder / ATTENTION_PAGE)
     index = folder / INDEX
-    atomic_write_text(index, index_page(data, [f.name for f in figures]))
+    atomic_write_text(index, index_page(data, [f.name for f in figures], not_drawn(data)))
     return [*figures, attention, index]
