@@ -296,7 +296,9 @@ def open_lock_file(path: Path) -> int:
                 raise BadInputError(
                     f"{path} is a symbolic link where mechsink keeps a lock file: mechsink never "
                     "writes through a link; delete it and run again.") from None
-            raise
+            raise BadInputError(f"{path} cannot be opened as a lock file "
+                                f"({exc.strerror or type(exc).__name__}): delete it or choose "
+                                "another folder.") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
