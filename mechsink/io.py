@@ -16,22 +16,25 @@ import math
 import os
 import shlex
 import shutil
+import stat
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from mechsink.errors import BadInputError, MechsinkError
+from mechsink.errors import BadInputError, MechsinkError, warn
 
 __all__ = [
     "LOCK_FILE",
     "FolderLockedError",
     "check_writable",
     "folder_lock",
+    "open_lock_file",
+    "check_no_links",
     "atomic_file",
     "atomic_dir",
     "atomic_write_bytes",
@@ -46,6 +49,7 @@ __all__ = [
     "full_disk_is_one_line",
     "result_set",
     "check_result_set",
+    "manifest_path",
 ]
 
 
@@ -270,6 +274,55 @@ def _locked_error(folder: Path, holder: dict[str, Any]) -> FolderLockedError:
     )
 
 
+def open_lock_file(path: Path) -> int:
+    """Open (creating it if needed) the lock file ``path`` for reading and writing, never
+    through a symbolic link: created with ``O_CREAT | O_EXCL | O_NOFOLLOW``, or, when one is
+    already there (a lock left by a dead process), opened with ``O_NOFOLLOW``. A link, or
+    anything but a plain file with a single name (a hard link to another file), is refused in
+    one line: a lock's holder truncates and rewrites it, which must never reach another file."""
+    flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0)
+    nofollow = getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        try:
+            return os.open(path, flags | os.O_CREAT | os.O_EXCL | nofollow, 0o644)
+        except FileExistsError:
+            pass
+        try:
+            fd = os.open(path, flags | nofollow | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            continue  # removed by its holder in between: create it
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or path.is_symlink():
+                raise BadInputError(
+                    f"{path} is a symbolic link where mechsink keeps a lock file: mechsink never "
+                    "writes through a link; delete it and run again.") from None
+            raise BadInputError(f"{path} cannot be opened as a lock file "
+                                f"({exc.strerror or type(exc).__name__}): delete it or choose "
+                                "another folder.") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            what = "a hard link to another file" if stat.S_ISREG(st.st_mode) else "not a file"
+            raise BadInputError(f"{path} is {what} where mechsink keeps a lock file: delete it "
+                                "and run again.")
+        os.set_blocking(fd, True)
+        return fd
+    raise BadInputError(f"{path} keeps appearing and disappearing: run again.")
+
+
+def check_no_links(folder: Path, names: Iterable[str], *, option: str = "--out") -> None:
+    """Refuse, in one line and before any work, when one of the subfolders ``names`` that a
+    command writes into inside ``folder`` is a symbolic link (its files would land wherever the
+    link points, outside ``folder``)."""
+    for name in names:
+        path = Path(folder) / name
+        if path.is_symlink():
+            raise BadInputError(
+                f"{path} is a symbolic link (to {os.readlink(path)}): mechsink writes only inside "
+                f"{option} {folder}, never through a link; remove the link or choose another "
+                "folder.")
+
+
 @contextmanager
 def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[Path]:
     """Hold the advisory lock of output folder ``folder`` for the block (one writer per folder).
@@ -301,7 +354,7 @@ def folder_lock(folder: str | Path, *, command: str | None = None) -> Iterator[P
     lock = key / LOCK_FILE
     info = {"pid": os.getpid(), "command": command or shlex.join(sys.argv)}
     for _ in range(100):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_lock_file(lock)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -391,6 +444,31 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == MANIFEST_FORMAT else None
 
 
+def _manifest_names(manifest: dict[str, Any]) -> list[str]:
+    files = manifest.get("files")
+    return [str(name) for name in files] if isinstance(files, dict) else []
+
+
+def manifest_path(folder: Path, name: str) -> Path | None:
+    """Where the manifest entry ``name`` of ``folder`` lies, or None when it does not name a
+    path inside ``folder``: an absolute path, a ``..`` part, an empty name, or a path through a
+    symbolic link leading out of the folder (a planted manifest must never make mechsink read,
+    write or delete anything elsewhere). The last part may itself be a link: it is the link
+    that is meant (removed, never followed)."""
+    rel = Path(name)
+    if not name or rel.is_absolute() or ".." in rel.parts or rel.parts in ((), (".",)):
+        return None
+    path = folder / rel
+    root = folder.resolve()
+    try:
+        parent = path.parent.resolve()
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    if parent != root and not parent.is_relative_to(root):
+        return None
+    return path
+
+
 def _remove_dead_staging(folder: Path) -> None:
     """Staging folders of processes that no longer run (killed mid-write) are thrown away."""
     for old in folder.glob(_STAGING + "*"):
@@ -428,12 +506,20 @@ def result_set(folder: str | Path, *, command: str | None = None) -> Iterator[Pa
         (folder / MANIFEST).unlink(missing_ok=True)  # from here until the end: incomplete
         for top in sorted({r.parts[0] for r in new}):
             target = folder / top
-            if target.is_dir() and not target.is_symlink():
+            if target.is_symlink():
+                target.unlink()  # replaced by the new file or folder, never written through
+            elif target.is_dir():
                 shutil.rmtree(target)
             os.replace(staging / top, target)
         if old is not None:
-            for name in set(old.get("files", {})) - set(entries):
-                (folder / name).unlink(missing_ok=True)
+            for name in sorted(set(_manifest_names(old)) - set(entries)):
+                path = manifest_path(folder, name)
+                if path is None:
+                    warn(f"{folder / MANIFEST} names {name!r}, which is not a file inside "
+                         f"{folder}: left alone (a manifest only ever lists its own folder's "
+                         "files; this one was edited or planted).")
+                elif not path.is_dir() or path.is_symlink():
+                    path.unlink(missing_ok=True)  # a link is removed, never followed
         os.replace(staging / MANIFEST, folder / MANIFEST)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -449,10 +535,16 @@ def check_result_set(folder: str | Path, *, full: bool = False) -> dict[str, Any
         raise IncompleteResultError(
             f"{folder} holds no complete mechsink result (no {MANIFEST}: the command that "
             "wrote it did not finish): run it again.")
-    for name, entry in manifest["files"].items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != entry["bytes"] or (
-                full and _sha256(path) != entry["sha256"]):
+    files = manifest.get("files")
+    for name, entry in (files.items() if isinstance(files, dict) else ()):
+        path = manifest_path(folder, str(name))
+        if path is None or path.is_symlink():
+            raise IncompleteResultError(
+                f"{folder / MANIFEST} names {name!r}, which is not a file inside {folder}: "
+                "this manifest was not written by mechsink; run the command again.")
+        if not isinstance(entry, dict) or not path.is_file() or \
+                path.stat().st_size != entry.get("bytes") or (
+                full and _sha256(path) != entry.get("sha256")):
             raise IncompleteResultError(
                 f"{path} does not match {folder / MANIFEST} (changed or cut short since the "
                 "result was written): run the command again.")

@@ -8,11 +8,12 @@ usable on any text.
 
 from __future__ import annotations
 
-import html
 import re
 from typing import Any
 
 from griffe import Class, Extension, Object
+
+from mechsink.viz.html_safe import text as html_text
 
 ROLE = re.compile(r":(?:py:)?(?P<role>func|class|meth|mod|attr|data|exc|obj|const|ref|doc|"
                   r"term|envvar|option|program):`(?P<body>[^`]+)`")
@@ -35,12 +36,12 @@ def _target(body: str) -> tuple[str, str]:
 
 def _role(match: re.Match[str], scope: str) -> str:
     title, target = _target(match["body"])
-    code = f"<code>{html.escape(title)}</code>"
+    code = f"<code>{html_text(title)}</code>"
     if match["role"] not in LINKED:
         return code
     if "." not in target and scope:
         target = f"{scope}.{target}"
-    return f'<autoref identifier="{html.escape(target)}" optional>{code}</autoref>'
+    return f'<autoref identifier="{html_text(target)}" optional>{code}</autoref>'
 
 
 def _escape_prose(text: str) -> str:

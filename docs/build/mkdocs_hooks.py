@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from mechsink.viz.html_safe import script_json
+
 SHIM = "assets/javascripts/mechsink-offline-search.js"
 _BUNDLE = re.compile(r'<script src="(?P<prefix>[^"]*?)assets/javascripts/bundle\.[^"]+"')
 _ROOT_ABSOLUTE = re.compile(r'\b(?P<attr>href|src)="/(?!/)')
@@ -69,5 +71,6 @@ def on_post_build(config: Any, **kwargs: Any) -> None:
 
 
 def _script_json(value: Any) -> str:
-    """JSON that can sit inside a ``<script>`` or a .js file (no ``</`` closes anything)."""
-    return json.dumps(value, ensure_ascii=False).replace("</", "<\\/")
+    """JSON that can sit inside a ``<script>`` or a .js file (``<``, ``>``, ``&`` escaped:
+    nothing in it closes or opens anything)."""
+    return script_json(value, ensure_ascii=False)

@@ -118,7 +118,9 @@ def models(
 ) -> None:
     """List the zoo: names, architecture, parameter count and whether the weights are cached
     (a damaged conversion is not: it is rebuilt from its verified source on its next load),
-    and the leftovers of killed conversions (removed on that model's next load)."""
+    and the leftovers of killed conversions (removed on that model's next load). ``--verify``
+    says what each check compared the files with: their recorded sha256 (detects damage, not a
+    deliberate rewrite) or the sha256 pinned in mechsink."""
     from mechsink.model.zoo import PATTERN_HELP, list_models
 
     table = Table(title="mechsink model zoo")
@@ -142,6 +144,13 @@ def models(
     if verify:
         console.print(f"damaged conversions: {', '.join(damaged)}" if damaged
                       else "every converted file matches its recorded sha256", markup=False)
+        for r in rows:
+            if r.get("proof"):
+                console.print(f"{r['name']}: checked against {r['proof']}", markup=False)
+        console.print("A recorded sha256 detects damage (a flipped byte, a cut copy); it does "
+                      "not defend against someone who can write to the cache, who can rewrite "
+                      "a file and its record. A file matching the sha256 pinned in mechsink "
+                      "is the file the verified source decodes to.", markup=False)
         if damaged:
             raise typer.Exit(1)
 

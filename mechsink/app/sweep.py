@@ -690,7 +690,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
     ran (the merge then holds what is done so far). ``ray``: on Ray (a local instance of
     ``workers`` CPUs, or the cluster at ``ray_address``).
     """
-    from mechsink.io import check_writable, folder_lock
+    from mechsink.io import check_no_links, check_writable, folder_lock
 
     spec = load_spec(spec_path)
     if isinstance(workers, bool) or workers < 1:
@@ -698,6 +698,7 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
     if max_shards is not None and max_shards < 0:
         raise BadInputError(f"max_shards must be 0 or more, got {max_shards}.")
     folder = check_writable(out)
+    check_no_links(folder, ["shards", ATLAS_RUNS, *spec.jobs])
     shards = make_shards(spec)
     for shard in shards:  # where the atlas's runs live: beside its table, not in the shard's id
         if shard["job"] == "atlas":

@@ -11,8 +11,6 @@ shows the patterns of a cache, a tensor or a census inline in Jupyter;
 
 from __future__ import annotations
 
-import html
-import json
 import sys
 import types
 import uuid
@@ -22,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.errors import BadInputError, MissingDependencyError
+from mechsink.viz.html_safe import script_code, script_json, text
 
 
 def circuitsvis_js() -> str:
@@ -38,7 +37,7 @@ def circuitsvis_js() -> str:
                                      "reinstall circuitsvis.")
     js = path.read_text(encoding="utf-8")
     js = js.split("//# sourceMappingURL=")[0]  # the map is not shipped with the page
-    return js.replace("</script", "<\\/script")
+    return script_code(js)
 
 
 #: the colour circuitsvis draws an attention weight of 1 in (0 is white); given to every view so
@@ -77,11 +76,11 @@ def attention_page(data: Mapping[str, Any]) -> str:
                  "tokens": ex["tokens"], "attentionHeadNames": names, "maskUpperTri": True,
                  **SCALE}
         div = f"cv-{i}"
-        sections.append(f"<h2>{html.escape(run['name'])}</h2>\n{colour_legend()}\n"
+        sections.append(f"<h2>{text(run['name'])}</h2>\n{colour_legend()}\n"
                         f"<div id=\"{div}\"></div>")
-        calls.append(f"CircuitsVis.render({json.dumps(div)}, CircuitsVis.AttentionHeads, "
-                     f"{json.dumps(props)});")
-    title = html.escape(f"{data['model']}: strongest sink heads")
+        calls.append(f"CircuitsVis.render({script_json(div)}, CircuitsVis.AttentionHeads, "
+                     f"{script_json(props)});")
+    title = text(f"{data['model']}: strongest sink heads")
     return (
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
         f"<title>{title}</title>\n<style>body{{font-family:sans-serif;margin:2em}}</style>\n"
@@ -133,16 +132,11 @@ def _render_when_loaded(div: str, props: str) -> str:
     10 s), else says in the div how to bring the library back."""
     return (
         "(function(){var n=0;function go(){if(window.CircuitsVis){"
-        f"CircuitsVis.render({json.dumps(div)}, CircuitsVis.AttentionHeads, {props});}}"
+        f"CircuitsVis.render({script_json(div)}, CircuitsVis.AttentionHeads, {props});}}"
         "else if(n++<100){setTimeout(go,100);}else{"
-        f"document.getElementById({json.dumps(div)}).textContent='circuitsvis is not loaded "
+        f"document.getElementById({script_json(div)}).textContent='circuitsvis is not loaded "
         "on this page (its script came with an earlier view whose output was cleared): run "
         "mechsink.viz.attention.reset_js() and show this view again.';}}go();})();")
-
-
-def _script_json(obj: Any) -> str:
-    """JSON that is safe inside a <script> element (no ``</`` can close it)."""
-    return json.dumps(obj).replace("</", "<\\/")
 
 
 @dataclass(frozen=True)
@@ -166,11 +160,11 @@ class AttentionView:
                 "attentionHeadNames": self.head_names, "maskUpperTri": True, **SCALE}
 
     def _body(self, div: str, *, with_js: bool = True) -> str:
-        title = f"<b>{html.escape(self.title)}</b>" if self.title else ""
+        title = f"<b>{text(self.title)}</b>" if self.title else ""
         lib = f"<script>\n{circuitsvis_js()}\n</script>\n" if with_js else ""
         return (f"<div>{title}{colour_legend()}<div id=\"{div}\" class=\"mechsink-cv\"></div>"
                 f"</div>\n{lib}<script>\n"
-                + _render_when_loaded(div, _script_json(self.props())) + "\n</script>")
+                + _render_when_loaded(div, script_json(self.props())) + "\n</script>")
 
     def _repr_html_(self) -> str:
         """The view for Jupyter: circuitsvis's JavaScript only in the kernel's first view."""
@@ -181,7 +175,7 @@ class AttentionView:
 
     def html(self) -> str:
         """A standalone offline HTML page (the JavaScript always inlined)."""
-        title = html.escape(self.title or "attention")
+        title = text(self.title or "attention")
         return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
                 f"<title>{title}</title></head><body>\n{self._body('mechsink-attn')}\n"
                 "</body></html>\n")

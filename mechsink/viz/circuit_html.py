@@ -9,13 +9,12 @@ dashes a negative score.
 
 from __future__ import annotations
 
-import html
-import json
 from pathlib import Path
 from typing import Any
 
 from mechsink.io import atomic_write_text
 from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position
+from mechsink.viz.html_safe import script_json, text
 
 SCALE_X, SCALE_Y, PAD = 60.0, 22.0, 40.0
 
@@ -58,14 +57,14 @@ def circuit_page(circuit: dict[str, Any], path: str | Path, *, title: str = "") 
     heading = title or f"{circuit['n_edges']} edges ({circuit['how']})"
     legend = " ".join(f'<span style="color:{c}">&#9644; {k}</span>'
                       for k, c in KIND_COLOURS.items())
-    data = json.dumps({"edges": edges, "nodes": {n: list(p) for n, p in node_xy.items()},
-                       "colours": KIND_COLOURS}, allow_nan=False)
+    data = script_json({"edges": edges, "nodes": {n: list(p) for n, p in node_xy.items()},
+                        "colours": KIND_COLOURS}, allow_nan=False)
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>{html.escape(heading)}</title>
+<html><head><meta charset="utf-8"><title>{text(heading)}</title>
 <style>body{{font-family:sans-serif;margin:1.5em}} svg{{border:1px solid #ddd}}
 #tip{{position:fixed;background:#fff;border:1px solid #999;padding:2px 6px;font-size:12px;
 display:none;pointer-events:none}}</style></head>
-<body><h2>{html.escape(heading)}</h2>
+<body><h2>{text(heading)}</h2>
 <p>edges shown: <input id="n" type="range" min="1" max="{max(1, len(edges))}"
 value="{min(len(edges), 50) or 1}"> <span id="count"></span> (top by |score|) &nbsp; into:
 {legend} &nbsp; dashed: negative</p>

@@ -222,7 +222,38 @@ FIGURES = {"sink_scores.png": sink_heatmaps, "magnitudes.png": magnitudes,
            "norm_ratio.png": norm_ratios, "mlp_spikes.png": mlp_spikes,
            "sink_rates.png": sink_rates, "variance.png": variance_profile}
 
+#: figure -> (the census.json field of each run it draws, the census measurement writing it)
+NEEDS = {"sink_scores.png": ("sink_score", "sinks"),
+         "magnitudes.png": ("layer_magnitudes", "massive"),
+         "norm_ratio.png": ("first_token_norm_ratio", "norm_ratio"),
+         "mlp_spikes.png": ("mlp_spikes", "mlp"),
+         "sink_rates.png": ("sink_rate", "sinks"),
+         "variance.png": ("variance_discrepancy", "variance")}
+
+
+def not_drawn(data: Mapping[str, Any]) -> dict[str, str]:
+    """The census figures that cannot be drawn from ``data``, each with why: no run holds the
+    field it draws (the census marked that measurement not applicable to this model, e.g. MLP
+    spikes on a mixture of experts, whose MLP has one down projection per expert)."""
+    out = {}
+    for name, (key, measurement) in NEEDS.items():
+        runs = data["runs"]
+        if runs and all(key not in r for r in runs):
+            reasons = [r.get("not_applicable", {}).get(measurement) for r in runs]
+            why = next((w for w in reasons if w), "the census holds no such measurement")
+            out[name] = f"not applicable to this model: {why}"
+    return out
+
 
 def write_figures(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
-    """Every census figure as a PNG in ``out_dir``."""
-    return [make(data, out_dir / name) for name, make in FIGURES.items()]
+    """Every census figure that applies to the model (see :func:`not_drawn`) as a PNG in
+    ``out_dir``; a figure some runs lack data for is drawn from the runs that have it."""
+    skipped = not_drawn(data)
+    paths = []
+    for name, make in FIGURES.items():
+        if name in skipped:
+            continue
+        key = NEEDS[name][0]
+        runs = [r for r in data["runs"] if key in r]
+        paths.append(make({**data, "runs": runs}, out_dir / name))
+    return paths

@@ -9,12 +9,12 @@ circuitsvis's bundled JavaScript (``CircuitsVis`` global, see
 
 from __future__ import annotations
 
-import html
-import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mechsink.viz.attention import SCALE, colour_legend, full_pattern
+from mechsink.viz.html_safe import script_json, text
 
 GALLERY_SCHEMA = "mechsink-gallery/1"
 
@@ -58,11 +58,6 @@ def choose_heads(
     return {"sink": sink, "ordinary": ordinary}
 
 
-def _script_json(obj: Any) -> str:
-    """JSON safe inside a <script> element."""
-    return json.dumps(obj).replace("</", "<\\/").replace("<!--", "<\\!--")
-
-
 def attention_block(element_id: str, tokens: Sequence[str],
                     heads: Sequence[Mapping[str, Any]], title: str = "") -> str:
     """An HTML fragment: a circuitsvis ``AttentionHeads`` view of ``heads`` (each with layer,
@@ -78,18 +73,28 @@ def attention_block(element_id: str, tokens: Sequence[str],
                                for h in heads],
         "maskUpperTri": True, **SCALE,
     }
-    eid = html.escape(element_id)
-    caption = f"<p><strong>{html.escape(title)}</strong></p>\n" if title else ""
+    eid = text(element_id)
+    caption = f"<p><strong>{text(title)}</strong></p>\n" if title else ""
     return (
         f'<div class="mechsink-attention" markdown="0">\n{caption}{colour_legend()}\n'
         f'<div id="{eid}" class="mechsink-cv"></div>\n'
-        f'<script type="application/json" id="{eid}-data">{_script_json(props)}</script>\n'
+        f'<script type="application/json" id="{eid}-data">{script_json(props)}</script>\n'
         "<script>\ndocument.addEventListener(\"DOMContentLoaded\", function () {\n"
-        f"  var props = JSON.parse(document.getElementById({json.dumps(element_id + '-data')})"
+        f"  var props = JSON.parse(document.getElementById({script_json(element_id + '-data')})"
         ".textContent);\n"
-        f"  CircuitsVis.render({json.dumps(element_id)}, CircuitsVis.AttentionHeads, props);\n"
+        f"  CircuitsVis.render({script_json(element_id)}, CircuitsVis.AttentionHeads, props);\n"
         "});\n</script>\n</div>\n"
     )
+
+
+def code_span(value: str) -> str:
+    """``value`` as a Markdown code span, which shows any text literally (HTML included): its
+    fence is one backtick longer than the longest run of backticks in it."""
+    value = str(value)
+    runs = [len(r) for r in re.findall("`+", value)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if value.startswith("`") or value.endswith("`") else ""
+    return f"{fence}{pad}{value}{pad}{fence}"
 
 
 def flagged_runs(gallery: Mapping[str, Any]) -> list[str]:
@@ -104,7 +109,8 @@ def inputs_warning(gallery: Mapping[str, Any]) -> str:
     runs = flagged_runs(gallery)
     if not runs:
         return ""
-    listed = ", ".join(f"`{r}` ({gallery['inputs'][r]['distinct_tokens']} distinct token id"
+    listed = ", ".join(f"{code_span(r)} ({gallery['inputs'][r]['distinct_tokens']:d} "
+                       "distinct token id"
                        f"{'s' if gallery['inputs'][r]['distinct_tokens'] != 1 else ''})"
                        for r in runs)
     return ('!!! warning "Inputs without text"\n'
@@ -121,8 +127,8 @@ def gallery_blocks(gallery: Mapping[str, Any], prefix: str = "cv") -> str:
     if gallery.get("identical"):
         tokens = gallery["tokens"]
         return ('!!! warning "No text to show"\n'
-                f"    The {gallery['run']} sequence of this model is {len(tokens)} tokens with "
-                f"no text in them (`{tokens[0]}` then "
+                f"    The {code_span(gallery['run'])} sequence of this model is {len(tokens)} "
+                f"tokens with no text in them ({code_span(tokens[0])} then "
                 f"{'the same token' if len(set(tokens[1:])) == 1 else 'one token repeated'}): "
                 "its tokenizer cannot encode the natural-text corpus. The attention views are "
                 "left out; the census's other suites still measure the model.\n")

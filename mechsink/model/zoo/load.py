@@ -20,7 +20,6 @@ from mechsink.errors import BadInputError, UnknownModelError
 from mechsink.model.adapter import wrap_hf
 from mechsink.model.finite import check_finite_weights
 from mechsink.model.zoo.cache import (
-    conversion_problem,
     converted_dir,
     say_rebuild,
     write_conversion,
@@ -105,7 +104,7 @@ def config_of(name: str) -> Any | None:
     folder: Path | None = None
     if name in NAMED_MODELS:
         folder = converted_dir(name)
-        if conversion_problem(folder) is not None:
+        if NAMED_MODELS[name].problem() is not None:
             return None
     elif prefix == "random" and rest:
         return random_config(rest)
@@ -139,16 +138,18 @@ def _convert(entry: ZooEntry, *, unless_whole: bool = True) -> None:
     and converts nothing."""
     folder = converted_dir(entry.name)
     with conversion_lock(entry.name):
-        if unless_whole and conversion_problem(folder) is None:
+        if unless_whole and entry.problem() is None:
             return
-        write_conversion(folder, entry.build, {"kind": "converted", "name": entry.name})
+        write_conversion(folder, entry.build, {"kind": "converted", "name": entry.name,
+                                               "source": entry.source_record()},
+                         pinned=entry.pinned)
 
 
 def _load_converted(entry: ZooEntry, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     """Load a converted model, checking it first; rebuild it when it is damaged or missing."""
     folder = converted_dir(entry.name)
     remove_leftovers(entry.name)  # what killed conversions left (their lock is free)
-    problem = conversion_problem(folder)
+    problem = entry.problem()
     if problem is not None:
         if folder.exists():
             say_rebuild(folder, problem)
@@ -156,7 +157,7 @@ def _load_converted(entry: ZooEntry, dtype: torch.dtype) -> tuple[nn.Module, Any
     try:
         return from_folder(folder, dtype)
     except Exception:
-        problem = conversion_problem(folder, full=True)
+        problem = entry.problem(full=True)
         if problem is None:
             raise  # the files are the ones written: not a cache problem
     say_rebuild(folder, problem)

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mechsink.io import open_lock_file
 from mechsink.model import assets
 from mechsink.model.zoo.cache import models_dir
 
@@ -56,7 +57,7 @@ def conversion_lock(name: str) -> Iterator[None]:
         return
     path = lock_path(name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock_file(path)  # never through a link planted in the cache
     try:
         if not _try_flock(fd):
             print(f"mechsink: waiting for {_holder(path)} to finish converting {name}",
@@ -98,7 +99,7 @@ def lock_is_held(name: str) -> bool:
     if not path.is_file():
         return False
     try:
-        fd = os.open(path, os.O_RDWR)
+        fd = os.open(path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except OSError:
         return False
     try:
