@@ -525,6 +525,16 @@ def _check_discover_choices(method: str, clean: list[str] | None, corrupted: lis
     return extra
 
 
+def _export_formats(export: str) -> list[str]:
+    """``--export tsv,json`` as the edge lists' suffixes, checked before any work."""
+    formats = [f".{f.strip().lower()}" for f in export.split(",") if f.strip()]
+    bad = [f[1:] for f in formats if f not in (".tsv", ".json")]
+    if bad:
+        raise MechsinkError(f"--export takes tsv and/or json (comma-separated), got "
+                            f"{', '.join(map(repr, bad))}.")
+    return list(dict.fromkeys(formats))
+
+
 @app.command()
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
@@ -563,10 +573,14 @@ def discover(
     neurons: list[str] | None = typer.Option(None, help="MLP neurons as graph nodes of their "
                                              "own, e.g. L11:1229,1487 (repeat per layer), "
                                              "or super (the census's super-neuron sets)"),
+    export: str = typer.Option("", help="also write the circuit as edge lists other tools read: "
+                               "tsv and/or json (comma-separated; edges.tsv, edges.json in "
+                               "--out: auto-circuit and ACDC names, with scores)"),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
     from mechsink.discover import discover as run_discovery
+    from mechsink.discover import save_edge_list
     from mechsink.discover.graph import parse_neurons
     from mechsink.discover.pipeline import check_selection
     from mechsink.io import check_writable
@@ -587,6 +601,7 @@ def discover(
         neuron_map = parse_neurons(neurons)
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
+        formats = _export_formats(export)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -615,6 +630,38 @@ def discover(
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)
                 draw_discovery(staging)
+                for suffix in formats:
+                    save_edge_list(found.circuit, staging / f"edges{suffix}")
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)
+
+
+@app.command()
+def export(
+    folder: str = typer.Argument(..., help="a folder written by mechsink discover --out"),
+    to: str = typer.Option(..., "--to", help="the edge list to write: a .tsv or .json file "
+                           "(auto-circuit's node names and ACDC's edge keys, with scores)"),
+    edges: int | None = typer.Option(None, help="export the top N edges by the saved scores "
+                                     "instead of the saved circuit"),
+) -> None:
+    """Export a saved discovery's circuit as an edge list, without loading the model: the
+    graph and every edge's score are read back from the folder."""
+    from mechsink.discover import Discovery, save_edge_list, top_n
+    from mechsink.io import check_writable
+
+    try:
+        target = Path(to)
+        if target.suffix not in (".tsv", ".json"):
+            raise MechsinkError(f"--to {to!r}: the name must end in .tsv or .json.")
+        if not (Path(folder) / "discover.json").is_file():
+            raise MechsinkError(f"{folder} holds no discover.json: give a folder written by "
+                                "mechsink discover --out.")
+        check_writable(target.parent if str(target.parent) else ".", option="--to")
+        found = Discovery.load(folder)
+        circuit = found.circuit if edges is None else top_n(found.scores, edges)
+        written = save_edge_list(circuit, target)
+    except MechsinkError as exc:
+        fail(exc)
+    console.print(f"{len(circuit.edges)} edges ({circuit.how}) of {found.scores.graph.n_edges}; "
+                  f"wrote {written}")

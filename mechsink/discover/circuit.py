@@ -9,6 +9,7 @@ Discovery"; Hanna et al. 2024). ``m(empty)`` corrupts every edge.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,6 +78,41 @@ class Circuit:
         path = Path(path)
         atomic_write_json(path, self.to_dict())
         return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], graph: Graph | None = None, *,
+                  scores: Tensor | None = None) -> Circuit:
+        """The circuit :meth:`to_dict` wrote, without the model: its graph rebuilt from the
+        JSON (or ``graph``), the kept edges by name, and ``scores`` (every edge) or the kept
+        edges' own scores (the others NaN)."""
+        if data.get("schema") != SCHEMA:
+            raise BadInputError(f"not a mechsink circuit (schema {data.get('schema')!r}, "
+                                f"expected {SCHEMA!r}).")
+        graph = Graph.from_dict(data["graph"]) if graph is None else graph
+        edges = edges_from_names(graph, (str(r["edge"]) for r in data["edges"]))
+        if scores is None and any(r.get("score") is not None for r in data["edges"]):
+            scores = torch.full((graph.n_edges,), math.nan, dtype=torch.float64)
+            for e, r in zip(edges, data["edges"], strict=True):
+                if r.get("score") is not None:
+                    scores[e] = float(r["score"])
+        faith = data.get("faithfulness")
+        return cls(graph, edges, str(data.get("how", "")),
+                   None if faith is None else float(faith), scores, dict(data.get("meta") or {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Circuit:
+        """A circuit saved by :meth:`save` (``circuit.json`` of ``mechsink discover``), with
+        its graph and scores, no model needed."""
+        return cls.from_dict(read_json(path))
+
+
+def read_json(path: str | Path) -> Any:
+    """A saved discovery file's JSON; a missing or unreadable file is one clear line."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"cannot read {path}: {exc}.") from None
 
 
 def edges_from_names(graph: Graph, names: Iterable[str]) -> list[int]:

@@ -10,20 +10,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
-from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
+from mechsink.discover.circuit import Circuit, faithfulness, greedy, read_json, top_n
 from mechsink.discover.curves import Curve, curve, default_sizes
+from mechsink.discover.graph import Graph
 from mechsink.discover.methods import get, options_for, score_edges
 from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, fmt, strict_json
 from mechsink.errors import BadInputError
-from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from mechsink.names import explicit_bos
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import Metric
 
 SCHEMA = "mechsink-discover/1"
+#: every edge's score (and first-order score), beside discover.json's top 500
+SCORES_FILE = "scores.safetensors"
 NON_FINITE = ("undefined: faithfulness where m(clean) equals m(every edge corrupted), or a "
               "correlation of fewer than two or constant values")
 
@@ -53,7 +59,8 @@ class Discovery:
         return summary(self.to_dict(top=20))
 
     def save(self, out: str | Path) -> Path:
-        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json`` and
+        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
+        ``scores.safetensors`` (every edge's score, so :meth:`load` gets them all back) and
         ``summary.md`` into ``out``; :func:`mechsink.viz.discover.draw_discovery` draws the
         figures from them."""
         out = Path(out)
@@ -61,8 +68,38 @@ class Discovery:
         data = self.to_dict()
         atomic_write_json(out / "discover.json", data)
         self.circuit.save(out / "circuit.json")
+        tensors = {"values": self.scores.values.detach().to("cpu", torch.float64).contiguous()}
+        if self.scores.first_order is not None:
+            tensors["first_order"] = self.scores.first_order.detach().to(
+                "cpu", torch.float64).contiguous()
+        atomic_write_bytes(out / SCORES_FILE, safetensors_save(tensors))
         atomic_write_text(out / "summary.md", summary(data))
         return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Discovery:
+        """A discovery :meth:`save` wrote (``mechsink discover --out``), without the model:
+        the graph, every edge's score (from ``scores.safetensors``; a folder without it gives
+        the 500 edges ``discover.json`` lists, the rest NaN), the circuit and the curves."""
+        folder = Path(folder)
+        data = read_json(folder / "discover.json")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise BadInputError(f"{folder / 'discover.json'} is not a mechsink discovery "
+                                f"(schema {SCHEMA!r}).")
+        graph = Graph.from_dict(data["scores"]["graph"])
+        full: dict[str, Tensor] = {}
+        if (folder / SCORES_FILE).is_file():
+            try:
+                full = safetensors_load((folder / SCORES_FILE).read_bytes())
+            except Exception as exc:  # safetensors raises its own error types
+                raise BadInputError(f"cannot read {folder / SCORES_FILE}: {exc}.") from None
+        scores = EdgeScores.from_dict(data["scores"], graph, values=full.get("values"),
+                                      first_order=full.get("first_order"))
+        circuit = Circuit.from_dict(data["circuit"], graph, scores=scores.values)
+        curves = [Curve.from_dict(c) for c in data.get("curves", [])]
+        meta = {k: v for k, v in data.items()
+                if k not in ("schema", "scores", "circuit", "curves", "non_finite")}
+        return cls(scores, circuit, curves, meta)
 
 
 def discover(
