@@ -25,6 +25,8 @@ from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, json_float
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json
+from mechsink.model import true_dtype
+from mechsink.patching.checks import noise_floor
 
 SCHEMA = "mechsink-edge-circuit/1"
 
@@ -120,15 +122,49 @@ def edges_from_names(graph: Graph, names: Iterable[str]) -> list[int]:
     return [graph.edge_index(n) for n in names]
 
 
+#: a clean-to-empty gap below this fraction of the metric's size is flagged "weak": corrupting
+#: every edge barely moves the metric, so a faithfulness (a ratio of two small differences)
+#: says little about the circuit, however finite it is
+WEAK_GAP = 1e-2
+
+
 def faithfulness(run: GraphRun, keeps: Bool[Tensor, "n edge"], *,
                  batch: int | None = None) -> Tensor:
-    """Normalised metric for each row of edges kept (every other edge corrupted)."""
+    """Normalised metric for each row of edges kept (every other edge corrupted); NaN when the
+    clean-to-empty gap is within float noise (the rule activation patching's ``normalize``
+    refuses by: :func:`mechsink.patching.checks.noise_floor`)."""
     full, empty = run.clean_value, run.empty_value
     values = run.mask_values(keeps, batch=batch)
-    den = full - empty
-    if abs(den) < 1e-12 * max(1.0, abs(full)):
+    if not abs(full - empty) > noise_floor(max(abs(full), abs(empty)), true_dtype(run.model)):
         return torch.full_like(values, math.nan)
-    return (values - empty) / den
+    return (values - empty) / (full - empty)
+
+
+def gap(run: GraphRun) -> dict[str, Any]:
+    """The clean and empty values faithfulness divides by, their gap relative to the metric's
+    size, and what it allows: ``"noise"`` (within float noise: faithfulness is NaN, as
+    activation patching refuses to normalise), ``"weak"`` (below :data:`WEAK_GAP` of the
+    metric's size: the corruption hardly moves the metric, so faithfulness values are ratios
+    of small differences; the summary and the command line say so) or ``"ok"``."""
+    full, empty = run.clean_value, run.empty_value
+    scale = max(abs(full), abs(empty))
+    span = abs(full - empty)
+    relative = span / scale if scale > 0 else 0.0
+    status = ("noise" if not span > noise_floor(scale, true_dtype(run.model))
+              else "weak" if relative < WEAK_GAP else "ok")
+    return {"clean": full, "empty": empty, "relative": relative, "status": status}
+
+
+def gap_note(g: dict[str, Any]) -> str | None:
+    """One line on a gap :func:`gap` did not find ``"ok"`` (None when it did)."""
+    if g.get("status") in (None, "ok"):
+        return None
+    what = ("within float noise: faithfulness is undefined (null)" if g["status"] == "noise"
+            else f"{g['relative']:.2%} of the metric's size (below {WEAK_GAP:.0%}): the "
+            "corruption hardly moves this metric, so faithfulness values are ratios of small "
+            "differences; pick a metric or corruption the behaviour depends on")
+    return (f"faithfulness divides by m(clean) - m(every edge corrupted) = {g['clean']:.6g} - "
+            f"{g['empty']:.6g}, a gap {what}.")
 
 
 def top_n(scores: EdgeScores, n: int) -> Circuit:

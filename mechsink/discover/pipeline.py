@@ -15,7 +15,15 @@ from safetensors.torch import load as safetensors_load
 from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
-from mechsink.discover.circuit import Circuit, faithfulness, greedy, read_json, top_n
+from mechsink.discover.circuit import (
+    Circuit,
+    faithfulness,
+    gap,
+    gap_note,
+    greedy,
+    read_json,
+    top_n,
+)
 from mechsink.discover.curves import Curve, curve, default_sizes
 from mechsink.discover.graph import Graph
 from mechsink.discover.methods import get, options_for, score_edges
@@ -158,7 +166,8 @@ def discover(
                          neurons=run.graph.neurons)
         curves.append(curve(other, order, label=method, n_random=n_random, seed=seed))
     meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
-        "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges}
+        "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges,
+        "faithfulness_gap": gap(run)}
     return Discovery(scores, circuit, curves, meta)
 
 
@@ -213,7 +222,11 @@ def summary(data: dict[str, Any]) -> str:
                   f"{fmt(cs['first_order']['max_abs_error'], '.3g')})."]
     c = data["circuit"]
     lines += ["", f"Circuit: {c['n_edges']} edges ({c['how']}), faithfulness "
-              f"{fmt(c.get('faithfulness'))}",
+              f"{fmt(c.get('faithfulness'))}"]
+    note = gap_note(data.get("faithfulness_gap") or {})
+    if note:
+        lines += ["", f"**Note:** {note}"]
+    lines += [
               "", "| curve | ablation | AUC | random AUC |", "|---|---|---|---|"]
     for cv in data["curves"]:
         lines.append(f"| {cv['label']} | {cv['ablation']} | {fmt(cv['auc'])} | "
