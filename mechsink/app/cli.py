@@ -504,10 +504,11 @@ def _check_no_empty_prompt(clean: list[str] | None, corrupted: list[str] | None)
 
 
 def _check_discover_choices(method: str, clean: list[str] | None, corrupted: list[str] | None,
-                            ablation: str, curves: str, ig: str, select: str) -> list[str]:
+                            ablation: str, curves: str, ig: str, select: str,
+                            convention: str = "mechsink") -> list[str]:
     """discover's choices checked before any model loads; returns the curves' extra ablations."""
     from mechsink.discover import METHODS
-    from mechsink.discover.methods.eap_ig import PATHS
+    from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
     from mechsink.interventions.ablation import KINDS
 
     if method not in METHODS:
@@ -518,7 +519,8 @@ def _check_discover_choices(method: str, clean: list[str] | None, corrupted: lis
             raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
     if corrupted and len(corrupted) != len(clean or []):
         raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy"))):
+    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy")),
+                                 ("--convention", convention, CONVENTIONS)):
         if value not in allowed:
             raise MechsinkError(f"{flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
                                 f"got {value!r}.")
@@ -559,6 +561,10 @@ def discover(
                            "(the embedding), activations (one sender group at a time) or "
                            "coefficients (every edge at once; memory grows with the graph)"),
     qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
+    convention: str = typer.Option("mechsink", help="EAP-IG's step points and sums: mechsink "
+                                   "(midpoints; a group's edges from its own runs) or "
+                                   "reference (as the reference EAP-IG implementation, to "
+                                   "reproduce published numbers; add --no-qk-fix)"),
     verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
     select: str = typer.Option("top", help="top (by score) or greedy"),
     edges: int | None = typer.Option(None, help="circuit size (default: the smallest size "
@@ -589,7 +595,8 @@ def discover(
     from mechsink.viz.discover import draw_discovery
 
     try:  # every check that needs no model, before loading one
-        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select)
+        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select,
+                                        convention)
         pos = None if positions in (None, "all") else list(parse_layers(positions,
                                                                         "--positions") or ())
         if metric.strip() != "logit_diff":
@@ -625,7 +632,8 @@ def discover(
                                       positions=pos, method=method, steps=steps, ig=ig,
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
-                                      seed=discovery_seed, neurons=neuron_map)
+                                      seed=discovery_seed, neurons=neuron_map,
+                                      convention=convention)
             found.meta["model"] = model
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)

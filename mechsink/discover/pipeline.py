@@ -131,6 +131,7 @@ def discover(
     prepend_bos: bool | None = None,
     seed: int = 0,
     neurons: Mapping[int, Sequence[int]] | str | None = None,
+    convention: str = "mechsink",
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
@@ -139,7 +140,9 @@ def discover(
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
     baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
     neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
-    the census's complete super-neuron sets)."""
+    the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
+    points and sums as the reference implementation computes them
+    (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
@@ -148,7 +151,8 @@ def discover(
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons)
     check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
-    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig})
+    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig,
+                              "convention": convention})
     scores = score_edges(run, method, **kw)
     order = scores.order().tolist()
     curves = [curve(run, order, label=method, n_random=n_random, seed=seed)]
