@@ -45,7 +45,9 @@ def test_import_copies_json_only_with_the_command_settings_commit_and_date(
                     for p in (committed / "atlas").rglob("*") if p.is_file())
     assert copied == sorted(entry["files"]) and all(p.endswith(".json") for p in copied)
     source = json.loads((atlas_run / "manifest.json").read_text())
-    assert entry["command"] == source["command"] and entry["made"] == source["written"]
+    assert entry["command"] == results.relative_command(source["command"], atlas_run)
+    assert entry["made"] == source["written"] and entry["imported_from"] == atlas_run.name
+    assert str(atlas_run) not in entry["command"]  # no path of the machine that made it
     assert entry["settings"]["models"] == TINY["models"]
     assert {k: entry["settings"][k] for k in ("n", "seq_len", "seed", "eps")} == {
         k: TINY[k] for k in ("n", "seq_len", "seed", "eps")}
@@ -173,3 +175,10 @@ def test_finding_sections_are_drawn_from_the_committed_json_without_a_model(
     assert "Not on this page: `random:llama-tiny` (the model has no query bias (b_Q))" in qb
     assert site.committed_pages() == {"index.md", "findings/cross-model.md", "findings/chain.md",
                                       "findings/p0-circuit.md", "findings/query-bias-dose.md"}
+
+
+def test_relative_command_names_the_output_folder_by_its_own_name(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "atlas-n32"
+    command = f"mechsink circuit atlas --out {run} --n 32"
+    assert results.relative_command(command, run) == "mechsink circuit atlas --out atlas-n32 --n 32"
+    assert results.relative_command(None, run) is None

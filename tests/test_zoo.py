@@ -294,3 +294,9 @@ def test_organism_with_a_damaged_weights_file_is_one_line(tmp_path):
     (folder / "model.safetensors").write_bytes(b"not safetensors at all")
     with pytest.raises(MechsinkError, match="cannot be read as safetensors"):
         load_model(f"organism:{folder}", device="cpu")
+
+
+def test_a_loaded_model_is_named_by_its_zoo_name(llama_tiny):
+    """Results that fall back on cfg.model_name name the weights that ran, not the reference
+    checkpoint TransformerLens associates with the architecture."""
+    assert llama_tiny.cfg.model_name == "random:llama-tiny"

@@ -66,9 +66,35 @@ def _criterion(cells: list[Mapping[str, Any]]) -> str:
     return seen.most_common(1)[0][0] if seen else "-"
 
 
+#: a verdict's colour class on the home page's grid (docs/assets/css/mechsink.css)
+VERDICT_CLASS = {"supported": "v-yes", "partial": "v-partial", "not supported": "v-no",
+                 "not applicable": "v-na"}
+GRID_NUMBER = 64  # the key number shown in a grid cell, at most this long (its interval kept)
+
+
+def grid_number(evidence: str) -> str:
+    """The grid's short form of a cell's key number: :func:`key_figure`, cut after its first
+    interval (or at :data:`GRID_NUMBER` characters) so a column stays narrow."""
+    text = key_figure(evidence)
+    if len(text) <= GRID_NUMBER:
+        return text
+    found = INTERVAL.search(text)
+    end = found.end() if found is not None else GRID_NUMBER - 1
+    return text if end >= len(text) else text[:end].rstrip(" ;,") + " …"
+
+
+def _badge(verdict: str, link: str | None) -> str:
+    """A verdict as a coloured badge (a link to its finding section when there is one)."""
+    cls = VERDICT_CLASS.get(verdict, "v-na")
+    return (f"[**{verdict}**]({link}){{ .mechsink-verdict .{cls} }}" if link
+            else f"**{verdict}**{{ .mechsink-verdict .{cls} }}")
+
+
 def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
-    """The home page's atlas: the table of claims x models (:func:`evidence_section` writes
-    every cell out, further down the page)."""
+    """The home page's atlas: a grid of claims x models, each cell a colour-coded verdict
+    (linked to the finding page's section for that model) and the one number it rests on;
+    the claims and their criteria are listed under it, and :func:`evidence_section` writes
+    every cell out further down the page."""
     data = atlas.data
     models = data["models"]
     s = data["settings"]
@@ -76,11 +102,12 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
              f"Each claim tested on each model with the same prompts and settings (n = {s['n']} "
              f"prompts of {s['seq_len']} tokens, seed {s['seed']}, sink threshold eps = "
              f"{s['eps']}). {provenance(atlas)}", "",
-             "Table: the atlas. Each cell: the verdict (linked to the finding page's section for "
-             "that model) and the key number it rests on, with its 95% interval over prompts "
-             "where the experiment gives one; each row's criterion is listed right under the "
-             "table (a cell judged by another says so), every cell's full evidence "
-             "[further down](#atlas-evidence).", "",
+             "Table: the atlas. Each cell: the verdict (green supported, amber partial, red not "
+             "supported, grey not applicable; linked to the finding page's section for that "
+             "model) and the number it rests on, with its 95% interval over prompts where the "
+             "experiment gives one (&dagger;: judged by its own criterion, given with its "
+             "evidence). The claims and their criteria are listed under the grid, every "
+             "cell's full evidence [further down](#atlas-evidence).", "",
              "| claim | " + " | ".join(f"`{m['model']}`" for m in models) + " |",
              "|---|" + "---|" * len(models)]
     criteria = []
@@ -90,14 +117,11 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
         criteria.append(f"- **{claim}** ({what}): {common}.")
         out = []
         for m, c in zip(models, cells, strict=True):
-            link = finding_link(claim, c, m["model"], prefix)
-            verdict = f"[**{c['verdict']}**]({link})" if link else f"**{c['verdict']}**"
-            extra = ("" if c.get("criterion", "-") in ("-", common)
-                     else f"<br>criterion: {c['criterion']}")
-            out.append(_cell(f"{verdict}<br>{key_figure(c['evidence'])}{extra}"))
-        lines.append(f"| [{claim}](#atlas-{claim.lower()}) {_cell(what)} | " + " | ".join(out)
-                     + " |")
-    lines += ["", "The criteria, one per claim (the verdicts above are judged by them):", "",
+            badge = _badge(c["verdict"], finding_link(claim, c, m["model"], prefix))
+            own = "" if c.get("criterion", "-") in ("-", common) else " &dagger;"
+            out.append(_cell(f"{badge}{own}<br>{grid_number(c['evidence'])}"))
+        lines.append(f"| [{claim}](#atlas-{claim.lower()}) | " + " | ".join(out) + " |")
+    lines += ["", "The claims and their criteria (the verdicts above are judged by them):", "",
               *criteria]
     lines += ["", "The sink rate of every model on every prompt suite and first token is on "
               f"[the cross-model page]({prefix}findings/cross-model.md).", ""]

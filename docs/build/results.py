@@ -170,6 +170,16 @@ def atlas_files(src: Path) -> dict[str, Any]:
             "written": source.get("written"), "steps": steps}
 
 
+def relative_command(command: str | None, folder: Path) -> str | None:
+    """The run's command with the folder it wrote named by its own name (a committed
+    manifest holds no path of the machine that made it)."""
+    if command is None:
+        return None
+    for form in {str(folder), str(folder.resolve())}:
+        command = command.replace(form, folder.name)
+    return command
+
+
 def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
                  commit: str | None = None) -> dict[str, Any]:
     """Copy the JSON of the finished atlas in ``src`` into ``root/name`` and record it in the
@@ -187,13 +197,13 @@ def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, tmp / rel)
     entry = {
-        "kind": "atlas", "command": found["command"],
+        "kind": "atlas", "command": relative_command(found["command"], src),
         "settings": {"models": [m["model"] for m in found["data"]["models"]],
                      **{k: s[k] for k in SETTING_KEYS if k in s},
                      "batch_size": s.get("batch_size")},
         "made": found["written"], "steps_written": found["steps"],
         "imported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "imported_from": str(src), "mechsink_commit": commit or git_commit(),
+        "imported_from": src.name, "mechsink_commit": commit or git_commit(),
         "commit_source": "given at import" if commit else "the checkout that imported it",
         "mechsink_version": __version__, "experiment_code": experiment_code_digest(),
         "files": {rel: _sha256(root / name / rel) for rel in found["files"]},

@@ -513,10 +513,11 @@ def _check_no_empty_prompt(clean: list[str] | None, corrupted: list[str] | None)
 
 
 def _check_discover_choices(method: str, clean: list[str] | None, corrupted: list[str] | None,
-                            ablation: str, curves: str, ig: str, select: str) -> list[str]:
+                            ablation: str, curves: str, ig: str, select: str,
+                            convention: str = "mechsink") -> list[str]:
     """discover's choices checked before any model loads; returns the curves' extra ablations."""
     from mechsink.discover import METHODS
-    from mechsink.discover.methods.eap_ig import PATHS
+    from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
     from mechsink.interventions.ablation import KINDS
 
     if method not in METHODS:
@@ -527,11 +528,22 @@ def _check_discover_choices(method: str, clean: list[str] | None, corrupted: lis
             raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
     if corrupted and len(corrupted) != len(clean or []):
         raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy"))):
+    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy")),
+                                 ("--convention", convention, CONVENTIONS)):
         if value not in allowed:
             raise MechsinkError(f"{flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
                                 f"got {value!r}.")
     return extra
+
+
+def _export_formats(export: str) -> list[str]:
+    """``--export tsv,json`` as the edge lists' suffixes, checked before any work."""
+    formats = [f".{f.strip().lower()}" for f in export.split(",") if f.strip()]
+    bad = [f[1:] for f in formats if f not in (".tsv", ".json")]
+    if bad:
+        raise MechsinkError(f"--export takes tsv and/or json (comma-separated), got "
+                            f"{', '.join(map(repr, bad))}.")
+    return list(dict.fromkeys(formats))
 
 
 @app.command()
@@ -558,6 +570,10 @@ def discover(
                            "(the embedding), activations (one sender group at a time) or "
                            "coefficients (every edge at once; memory grows with the graph)"),
     qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
+    convention: str = typer.Option("mechsink", help="EAP-IG's step points and sums: mechsink "
+                                   "(midpoints; a group's edges from its own runs) or "
+                                   "reference (as the reference EAP-IG implementation, to "
+                                   "reproduce published numbers; add --no-qk-fix)"),
     verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
     select: str = typer.Option("top", help="top (by score) or greedy"),
     edges: int | None = typer.Option(None, help="circuit size (default: the smallest size "
@@ -572,10 +588,14 @@ def discover(
     neurons: list[str] | None = typer.Option(None, help="MLP neurons as graph nodes of their "
                                              "own, e.g. L11:1229,1487 (repeat per layer), "
                                              "or super (the census's super-neuron sets)"),
+    export: str = typer.Option("", help="also write the circuit as edge lists other tools read: "
+                               "tsv and/or json (comma-separated; edges.tsv, edges.json in "
+                               "--out: auto-circuit and ACDC names, with scores)"),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
     from mechsink.discover import discover as run_discovery
+    from mechsink.discover import save_edge_list
     from mechsink.discover.graph import parse_neurons
     from mechsink.discover.pipeline import check_selection
     from mechsink.io import check_writable
@@ -584,7 +604,8 @@ def discover(
     from mechsink.viz.discover import draw_discovery
 
     try:  # every check that needs no model, before loading one
-        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select)
+        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select,
+                                        convention)
         pos = None if positions in (None, "all") else list(parse_layers(positions,
                                                                         "--positions") or ())
         if metric.strip() != "logit_diff":
@@ -596,6 +617,7 @@ def discover(
         neuron_map = parse_neurons(neurons)
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
+        formats = _export_formats(export)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -619,11 +641,44 @@ def discover(
                                       positions=pos, method=method, steps=steps, ig=ig,
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
-                                      seed=discovery_seed, neurons=neuron_map)
+                                      seed=discovery_seed, neurons=neuron_map,
+                                      convention=convention)
             found.meta["model"] = model
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)
                 draw_discovery(staging)
+                for suffix in formats:
+                    save_edge_list(found.circuit, staging / f"edges{suffix}")
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)
+
+
+@app.command()
+def export(
+    folder: str = typer.Argument(..., help="a folder written by mechsink discover --out"),
+    to: str = typer.Option(..., "--to", help="the edge list to write: a .tsv or .json file "
+                           "(auto-circuit's node names and ACDC's edge keys, with scores)"),
+    edges: int | None = typer.Option(None, help="export the top N edges by the saved scores "
+                                     "instead of the saved circuit"),
+) -> None:
+    """Export a saved discovery's circuit as an edge list, without loading the model: the
+    graph and every edge's score are read back from the folder."""
+    from mechsink.discover import Discovery, save_edge_list, top_n
+    from mechsink.io import check_writable
+
+    try:
+        target = Path(to)
+        if target.suffix not in (".tsv", ".json"):
+            raise MechsinkError(f"--to {to!r}: the name must end in .tsv or .json.")
+        if not (Path(folder) / "discover.json").is_file():
+            raise MechsinkError(f"{folder} holds no discover.json: give a folder written by "
+                                "mechsink discover --out.")
+        check_writable(target.parent if str(target.parent) else ".", option="--to")
+        found = Discovery.load(folder)
+        circuit = found.circuit if edges is None else top_n(found.scores, edges)
+        written = save_edge_list(circuit, target)
+    except MechsinkError as exc:
+        fail(exc)
+    console.print(f"{len(circuit.edges)} edges ({circuit.how}) of {found.scores.graph.n_edges}; "
+                  f"wrote {written}")

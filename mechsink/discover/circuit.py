@@ -9,6 +9,7 @@ Discovery"; Hanna et al. 2024). ``m(empty)`` corrupts every edge.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,8 @@ from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, json_float
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json
+from mechsink.model import true_dtype
+from mechsink.patching.checks import noise_floor
 
 SCHEMA = "mechsink-edge-circuit/1"
 
@@ -78,21 +81,90 @@ class Circuit:
         atomic_write_json(path, self.to_dict())
         return path
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], graph: Graph | None = None, *,
+                  scores: Tensor | None = None) -> Circuit:
+        """The circuit :meth:`to_dict` wrote, without the model: its graph rebuilt from the
+        JSON (or ``graph``), the kept edges by name, and ``scores`` (every edge) or the kept
+        edges' own scores (the others NaN)."""
+        if data.get("schema") != SCHEMA:
+            raise BadInputError(f"not a mechsink circuit (schema {data.get('schema')!r}, "
+                                f"expected {SCHEMA!r}).")
+        graph = Graph.from_dict(data["graph"]) if graph is None else graph
+        edges = edges_from_names(graph, (str(r["edge"]) for r in data["edges"]))
+        if scores is None and any(r.get("score") is not None for r in data["edges"]):
+            scores = torch.full((graph.n_edges,), math.nan, dtype=torch.float64)
+            for e, r in zip(edges, data["edges"], strict=True):
+                if r.get("score") is not None:
+                    scores[e] = float(r["score"])
+        faith = data.get("faithfulness")
+        return cls(graph, edges, str(data.get("how", "")),
+                   None if faith is None else float(faith), scores, dict(data.get("meta") or {}))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Circuit:
+        """A circuit saved by :meth:`save` (``circuit.json`` of ``mechsink discover``), with
+        its graph and scores, no model needed."""
+        return cls.from_dict(read_json(path))
+
+
+def read_json(path: str | Path) -> Any:
+    """A saved discovery file's JSON; a missing or unreadable file is one clear line."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInputError(f"cannot read {path}: {exc}.") from None
+
 
 def edges_from_names(graph: Graph, names: Iterable[str]) -> list[int]:
     """Edge numbers from names such as ``"L0H1->L2H0.q"`` (a circuit JSON's ``edge`` fields)."""
     return [graph.edge_index(n) for n in names]
 
 
+#: a clean-to-empty gap below this fraction of the metric's size is flagged "weak": corrupting
+#: every edge barely moves the metric, so a faithfulness (a ratio of two small differences)
+#: says little about the circuit, however finite it is
+WEAK_GAP = 1e-2
+
+
 def faithfulness(run: GraphRun, keeps: Bool[Tensor, "n edge"], *,
                  batch: int | None = None) -> Tensor:
-    """Normalised metric for each row of edges kept (every other edge corrupted)."""
+    """Normalised metric for each row of edges kept (every other edge corrupted); NaN when the
+    clean-to-empty gap is within float noise (the rule activation patching's ``normalize``
+    refuses by: :func:`mechsink.patching.checks.noise_floor`)."""
     full, empty = run.clean_value, run.empty_value
     values = run.mask_values(keeps, batch=batch)
-    den = full - empty
-    if abs(den) < 1e-12 * max(1.0, abs(full)):
+    if not abs(full - empty) > noise_floor(max(abs(full), abs(empty)), true_dtype(run.model)):
         return torch.full_like(values, math.nan)
-    return (values - empty) / den
+    return (values - empty) / (full - empty)
+
+
+def gap(run: GraphRun) -> dict[str, Any]:
+    """The clean and empty values faithfulness divides by, their gap relative to the metric's
+    size, and what it allows: ``"noise"`` (within float noise: faithfulness is NaN, as
+    activation patching refuses to normalise), ``"weak"`` (below :data:`WEAK_GAP` of the
+    metric's size: the corruption hardly moves the metric, so faithfulness values are ratios
+    of small differences; the summary and the command line say so) or ``"ok"``."""
+    full, empty = run.clean_value, run.empty_value
+    scale = max(abs(full), abs(empty))
+    span = abs(full - empty)
+    relative = span / scale if scale > 0 else 0.0
+    status = ("noise" if not span > noise_floor(scale, true_dtype(run.model))
+              else "weak" if relative < WEAK_GAP else "ok")
+    return {"clean": full, "empty": empty, "relative": relative, "status": status}
+
+
+def gap_note(g: dict[str, Any]) -> str | None:
+    """One line on a gap :func:`gap` did not find ``"ok"`` (None when it did)."""
+    if g.get("status") in (None, "ok"):
+        return None
+    what = ("within float noise: faithfulness is undefined (null)" if g["status"] == "noise"
+            else f"{g['relative']:.2%} of the metric's size (below {WEAK_GAP:.0%}): the "
+            "corruption hardly moves this metric, so faithfulness values are ratios of small "
+            "differences; pick a metric or corruption the behaviour depends on")
+    return (f"faithfulness divides by m(clean) - m(every edge corrupted) = {g['clean']:.6g} - "
+            f"{g['empty']:.6g}, a gap {what}.")
 
 
 def top_n(scores: EdgeScores, n: int) -> Circuit:

@@ -46,11 +46,27 @@ class Curve:
                 return s
         return None
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Curve:
+        """The curve :meth:`to_dict` wrote (a null AUC, from a vanishing clean-to-empty gap,
+        reads back as NaN)."""
+        nan = _number
+        return cls(str(data["label"]), str(data["ablation"]), int(data["n_edges"]),
+                   [int(s) for s in data["sizes"]], [nan(v) for v in data["values"]],
+                   [nan(v) for v in data["random_mean"]], [nan(v) for v in data["random_std"]],
+                   nan(data["auc"]), nan(data["random_auc"]), nan(data["clean_value"]),
+                   nan(data["empty_value"]))
+
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "ablation": self.ablation, "n_edges": self.n_edges,
                 "sizes": self.sizes, "values": self.values, "random_mean": self.random_mean,
                 "random_std": self.random_std, "auc": self.auc, "random_auc": self.random_auc,
                 "clean_value": self.clean_value, "empty_value": self.empty_value}
+
+
+def _number(x: Any) -> float:
+    """A JSON number, ``null`` (a non-finite value written strictly) read back as NaN."""
+    return math.nan if x is None else float(x)
 
 
 def default_sizes(n_edges: int, points: int = 14, extra: Sequence[int] = ()) -> list[int]:

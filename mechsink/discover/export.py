@@ -111,10 +111,11 @@ def save_edge_list(circuit: Circuit, path: str | Path) -> Path:
         "faithfulness": circuit.faithfulness, "edges": rows})
 
 
-def load_edge_list(path: str | Path, graph: Graph) -> Circuit:
-    """A circuit of ``graph`` from an edge list (``.json`` from :func:`save_edge_list`, or a
-    ``.tsv`` / ``.json`` naming edges by auto-circuit's ``src`` and ``dest`` only); scores of
-    edges outside the list are 0."""
+def load_edge_list(path: str | Path, graph: Graph | None = None) -> Circuit:
+    """A circuit from an edge list: ``.json`` from :func:`save_edge_list`, a discovery's
+    ``circuit.json``, or a ``.tsv`` / ``.json`` naming edges by auto-circuit's ``src`` and
+    ``dest`` only; scores of edges outside the list are 0. ``graph`` may be left out when the
+    file carries its graph (mechsink's own JSON files do)."""
     path = Path(path)
     if path.suffix not in FORMATS:
         raise BadInputError(f"edge list {path.name!r}: the name must end in .json or .tsv.")
@@ -134,7 +135,14 @@ def load_edge_list(path: str | Path, graph: Graph) -> Circuit:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BadInputError(f"{path} is not JSON ({exc}).") from exc
+        if not isinstance(data, dict):
+            raise BadInputError(f"{path}: expected a JSON object with an 'edges' list.")
         rows, meta = data.get("edges", []), data
+    if graph is None:
+        if "graph" not in meta:
+            raise BadInputError(f"{path} does not carry its graph: pass the graph "
+                                "(Graph.build(model, metric)).")
+        graph = Graph.from_dict(meta["graph"])
     by_auto = {}
     for e in range(graph.n_edges):
         s, r = graph.senders[int(graph.src[e])], graph.receivers[int(graph.dst[e])]
@@ -142,14 +150,28 @@ def load_edge_list(path: str | Path, graph: Graph) -> Circuit:
     edges: list[int] = []
     scores = torch.zeros(graph.n_edges, dtype=torch.float64)
     for i, row in enumerate(rows):
-        key = (row.get("src"), row.get("dest"))
-        if key not in by_auto:
-            raise BadInputError(f"{path} entry {i}: no edge {key[0]}->{key[1]} in this graph "
-                                f"(e.g. {'->'.join(next(iter(by_auto)))}).")
-        e = by_auto[key]
+        e = _edge_of(graph, by_auto, row, f"{path} entry {i}")
         edges.append(e)
         score = row.get("score")
         if score not in (None, ""):
             scores[e] = float(score)
     return Circuit(graph, edges, str(meta.get("how", f"loaded from {path.name}")),
                    meta.get("faithfulness"), scores, {"source": str(path)})
+
+
+def _edge_of(graph: Graph, by_auto: dict[tuple[str, str], int], row: dict[str, Any],
+             where: str) -> int:
+    """The edge a row names: by auto-circuit's ``src`` / ``dest`` or, without them, by
+    mechsink's own ``edge`` name (a discovery's ``circuit.json``)."""
+    if not isinstance(row, dict):
+        raise BadInputError(f"{where}: expected an object naming an edge, got {row!r}.")
+    if row.get("src") is None and row.get("dest") is None and row.get("edge") is not None:
+        try:
+            return graph.edge_index(str(row["edge"]))
+        except BadInputError as exc:
+            raise BadInputError(f"{where}: {exc}") from None
+    key = (row.get("src"), row.get("dest"))
+    if key not in by_auto:
+        raise BadInputError(f"{where}: no edge {key[0]}->{key[1]} in this graph "
+                            f"(e.g. {'->'.join(next(iter(by_auto)))}).")
+    return by_auto[key]

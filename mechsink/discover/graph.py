@@ -118,11 +118,17 @@ class Graph:
         """The full graph of ``model`` up to where ``metric`` reads it; ``neurons`` (layer ->
         neuron indices) become senders of their own, right after their MLP (same stage)."""
         point = metric if isinstance(metric, MetricPoint) else metric_point(model, metric)
-        n_heads, n_kv = int(model.cfg.n_heads), n_kv_heads(model)
-        g = cls(0, n_heads, n_kv, point, neurons=check_neurons(model, point, neurons))
+        return cls._assemble(int(model.cfg.n_layers), int(model.cfg.n_heads), n_kv_heads(model),
+                             point, check_neurons(model, point, neurons))
+
+    @classmethod
+    def _assemble(cls, n_layers: int, n_heads: int, n_kv: int, point: MetricPoint,
+                  neurons: dict[int, list[int]]) -> Graph:
+        """The graph of a model of ``n_layers`` blocks, from its shape alone."""
+        g = cls(0, n_heads, n_kv, point, neurons=neurons)
         g.senders.append(Sender("embed"))
         gqa = n_kv != n_heads  # key/value receivers are then named by KV head (L3KV1.k)
-        for layer in range(int(model.cfg.n_layers)):
+        for layer in range(n_layers):
             if 2 * layer + 1 >= point.stage:
                 break
             g.n_layers = layer + 1
@@ -206,6 +212,31 @@ class Graph:
         """The edge as :func:`mechsink.patching.path.path_patch` names it (sender, receiver):
         both speak :mod:`mechsink.patching.nodes`'s names."""
         return self.senders[int(self.src[e])].name, self.receivers[int(self.dst[e])].name
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Graph:
+        """The graph :meth:`to_dict` wrote, rebuilt without the model (a saved discovery's or
+        circuit's ``graph``); refused when its senders and receivers are not the ones such a
+        graph has (a hand-edited or foreign file)."""
+        try:
+            point = MetricPoint(str(data["metric_point"]["kind"]),
+                                int(data["metric_point"]["layer"]))
+            shape = [int(data[k]) for k in ("n_layers", "n_heads", "n_kv_heads")]
+            neurons = {int(k): [int(n) for n in v]
+                       for k, v in dict(data.get("neurons") or {}).items()}
+            senders, receivers = list(data["senders"]), list(data["receivers"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BadInputError(f"not a mechsink graph (n_layers, n_heads, n_kv_heads, "
+                                f"metric_point, senders, receivers): {exc!r}.") from None
+        if point.kind not in ("attn", "post"):
+            raise BadInputError(f"not a mechsink graph: metric point {point.kind!r} is neither "
+                                "'attn' nor 'post'.")
+        g = cls._assemble(shape[0], shape[1], shape[2], point, neurons)
+        if g.n_layers != shape[0] or [s.name for s in g.senders] != senders or [
+                r.name for r in g.receivers] != receivers:
+            raise BadInputError("not a mechsink graph: its senders and receivers are not those "
+                                f"of a {shape[0]}-layer graph read at the {point}.")
+        return g
 
     def to_dict(self) -> dict[str, Any]:
         return {"n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv,

@@ -10,20 +10,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+from safetensors.torch import load as safetensors_load
+from safetensors.torch import save as safetensors_save
 from torch import Tensor
 
-from mechsink.discover.circuit import Circuit, faithfulness, greedy, top_n
+from mechsink.discover.circuit import (
+    Circuit,
+    faithfulness,
+    gap,
+    gap_note,
+    greedy,
+    read_json,
+    top_n,
+)
 from mechsink.discover.curves import Curve, curve, default_sizes
+from mechsink.discover.graph import Graph
 from mechsink.discover.methods import get, options_for, score_edges
 from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, fmt, strict_json
 from mechsink.errors import BadInputError
-from mechsink.io import atomic_write_json, atomic_write_text
+from mechsink.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from mechsink.names import explicit_bos
 from mechsink.patching.engine import TokensLike
 from mechsink.patching.metrics import Metric
 
 SCHEMA = "mechsink-discover/1"
+#: every edge's score (and first-order score), beside discover.json's top 500
+SCORES_FILE = "scores.safetensors"
 NON_FINITE = ("undefined: faithfulness where m(clean) equals m(every edge corrupted), or a "
               "correlation of fewer than two or constant values")
 
@@ -53,7 +67,8 @@ class Discovery:
         return summary(self.to_dict(top=20))
 
     def save(self, out: str | Path) -> Path:
-        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json`` and
+        """``discover.json`` (top 500 edges, circuit, curves), ``circuit.json``,
+        ``scores.safetensors`` (every edge's score, so :meth:`load` gets them all back) and
         ``summary.md`` into ``out``; :func:`mechsink.viz.discover.draw_discovery` draws the
         figures from them."""
         out = Path(out)
@@ -61,8 +76,38 @@ class Discovery:
         data = self.to_dict()
         atomic_write_json(out / "discover.json", data)
         self.circuit.save(out / "circuit.json")
+        tensors = {"values": self.scores.values.detach().to("cpu", torch.float64).contiguous()}
+        if self.scores.first_order is not None:
+            tensors["first_order"] = self.scores.first_order.detach().to(
+                "cpu", torch.float64).contiguous()
+        atomic_write_bytes(out / SCORES_FILE, safetensors_save(tensors))
         atomic_write_text(out / "summary.md", summary(data))
         return out
+
+    @classmethod
+    def load(cls, folder: str | Path) -> Discovery:
+        """A discovery :meth:`save` wrote (``mechsink discover --out``), without the model:
+        the graph, every edge's score (from ``scores.safetensors``; a folder without it gives
+        the 500 edges ``discover.json`` lists, the rest NaN), the circuit and the curves."""
+        folder = Path(folder)
+        data = read_json(folder / "discover.json")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise BadInputError(f"{folder / 'discover.json'} is not a mechsink discovery "
+                                f"(schema {SCHEMA!r}).")
+        graph = Graph.from_dict(data["scores"]["graph"])
+        full: dict[str, Tensor] = {}
+        if (folder / SCORES_FILE).is_file():
+            try:
+                full = safetensors_load((folder / SCORES_FILE).read_bytes())
+            except Exception as exc:  # safetensors raises its own error types
+                raise BadInputError(f"cannot read {folder / SCORES_FILE}: {exc}.") from None
+        scores = EdgeScores.from_dict(data["scores"], graph, values=full.get("values"),
+                                      first_order=full.get("first_order"))
+        circuit = Circuit.from_dict(data["circuit"], graph, scores=scores.values)
+        curves = [Curve.from_dict(c) for c in data.get("curves", [])]
+        meta = {k: v for k, v in data.items()
+                if k not in ("schema", "scores", "circuit", "curves", "non_finite")}
+        return cls(scores, circuit, curves, meta)
 
 
 def discover(
@@ -86,6 +131,7 @@ def discover(
     prepend_bos: bool | None = None,
     seed: int = 0,
     neurons: Mapping[int, Sequence[int]] | str | None = None,
+    convention: str = "mechsink",
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
@@ -94,7 +140,9 @@ def discover(
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
     baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
     neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
-    the census's complete super-neuron sets)."""
+    the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
+    points and sums as the reference implementation computes them
+    (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
@@ -103,7 +151,8 @@ def discover(
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons)
     check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
-    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig})
+    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig,
+                              "convention": convention})
     scores = score_edges(run, method, **kw)
     order = scores.order().tolist()
     curves = [curve(run, order, label=method, n_random=n_random, seed=seed)]
@@ -121,7 +170,8 @@ def discover(
                          neurons=run.graph.neurons)
         curves.append(curve(other, order, label=method, n_random=n_random, seed=seed))
     meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
-        "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges}
+        "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges,
+        "faithfulness_gap": gap(run)}
     return Discovery(scores, circuit, curves, meta)
 
 
@@ -176,7 +226,11 @@ def summary(data: dict[str, Any]) -> str:
                   f"{fmt(cs['first_order']['max_abs_error'], '.3g')})."]
     c = data["circuit"]
     lines += ["", f"Circuit: {c['n_edges']} edges ({c['how']}), faithfulness "
-              f"{fmt(c.get('faithfulness'))}",
+              f"{fmt(c.get('faithfulness'))}"]
+    note = gap_note(data.get("faithfulness_gap") or {})
+    if note:
+        lines += ["", f"**Note:** {note}"]
+    lines += [
               "", "| curve | ablation | AUC | random AUC |", "|---|---|---|---|"]
     for cv in data["curves"]:
         lines.append(f"| {cv['label']} | {cv['ablation']} | {fmt(cv['auc'])} | "

@@ -7,8 +7,10 @@ fix recomputes the pattern exactly with the edge patched (the query or key input
 sender's corrupted write, the softmax run for real) and keeps only the step after the pattern
 linear: ``score = sum (A_patched - A_clean) * dm/dA``. One forward of the receiving attention
 layer per sender (every head of the layer at once: head ``h``'s pattern reads only its own
-query and its KV head's key). Edges straight into the metric, when the metric reads a
-layer's attention pattern, are patched exactly.
+query and its KV head's key), many senders stacked per run; none for query edges when only
+position 0 is corrupted (query 0 attends to key 0 alone, so no pattern moves; not on a model
+with a learned sink logit, whose row 0 reads its query). Edges straight into the metric, when
+the metric reads a layer's attention pattern, are patched exactly.
 """
 
 from __future__ import annotations
@@ -18,9 +20,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mechsink.discover import plain_grads
 from mechsink.discover.run import GraphRun, graph_mode
-from mechsink.model import act_name, run_from_layer
+from mechsink.model import act_name, block_norm, has_learned_sink, run_from_layer
 from mechsink.patching import plan
+
+#: patched tokens per one-layer run: a run of one attention layer is mostly fixed per-call cost
+#: at the whole-model default, so it stacks more copies (within the memory budget)
+TOKENS_PER_RUN = 4096
 
 
 def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
@@ -30,6 +37,7 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
     eidx = torch.full((len(g.senders), len(g.receivers)), -1, dtype=torch.long)
     eidx[g.src, g.dst] = torch.arange(g.n_edges)
     group = g.n_heads // g.n_kv
+    first_only = run.positions.nonzero().flatten().tolist() == [0]  # corrupted at 0 alone
     for layer in range(g.n_layers):
         grad = grads.get(act_name("pattern", layer))
         if grad is None:
@@ -39,9 +47,14 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
         n_s = g.n_senders_before(g.receivers[cols["q"][0]])
         base = run.clean.acts[act_name("pattern", layer)]
         for kind in ("q", "k"):
-            patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
-            per_head = torch.einsum("cbhij,bhij->ch", (patterns - base).double(),
-                                    grad.double())
+            if kind == "q" and first_only and not has_learned_sink(run.model, layer):
+                # only query 0 moved, and it attends to key 0 alone (its row is 1 whatever
+                # its query): no pattern changes, the edge's score is 0
+                per_head = torch.zeros(n_s, g.n_heads, dtype=torch.float64)
+            else:
+                patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
+                per_head = torch.einsum("cbhij,bhij->ch", (patterns - base).double(),
+                                        grad.double())
             if kind == "k":
                 per_head = per_head.view(n_s, g.n_kv, group).sum(-1)
             for j, col in enumerate(cols[kind]):
@@ -55,27 +68,45 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
 
 def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
     """Layer ``layer``'s patterns with sender ``c``'s corrupted write added to every head's
-    ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``."""
+    ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``.
+
+    Where every layer's ``attn.hook_q/k`` is its ``ln1`` output's projection
+    (:attr:`GraphRun.head_projections`), the layer runs plainly with the projected change
+    ``(ln1(R + d_c) - ln1(R)) W`` added at ``attn.hook_q`` / ``hook_k`` (before rotary), the
+    exact edge patch's closed form; otherwise in graph mode, each head reading its own copy."""
     model, b = run.model, run.batch
     resid = run.clean.acts[act_name("resid_pre", layer)]
-    per = plan.copies_per_batch(model, b, run.seq_len, 0, 0,
-                                  memory_budget=run.memory_budget)
-    hook_in = act_name(f"hook_{kind}_input", layer)
+    per = plan.copies_per_batch(model, b, run.seq_len, 0, 0, memory_budget=run.memory_budget,
+                                tokens_per_batch=TOKENS_PER_RUN)
+    weights = run.head_projections if plain_grads.ENABLED else None
     pattern = act_name("pattern", layer)
+    if weights is None:
+        hook_in, mode = act_name(f"hook_{kind}_input", layer), graph_mode(model)
+    else:
+        hook_in, mode = act_name(kind, layer), plain_grads.mlp_in_only(model)
+        norm = block_norm(model, layer, "ln1")
+        w = weights[kind][layer]
     chunks = []
-    with torch.no_grad(), graph_mode(model):
+    with torch.no_grad(), mode:
+        base = None if weights is None else norm(resid)
         for lo in range(0, n_s, per):
             senders = list(range(lo, min(n_s, lo + per)))
             add = run.edge_delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
+            copies = resid.repeat(len(senders), 1, 1)
+            if weights is not None:  # the change of every head's query / key
+                moved = norm(copies + add.to(copies.dtype)) - base.repeat(len(senders), 1, 1)
+                add = torch.einsum("bpd,hde->bphe", moved, w)
+            else:
+                add = add.unsqueeze(2)  # every head's own copy of its input
             got: dict[str, Tensor] = {}
 
             def patch(act: Tensor, hook: Any, add: Tensor = add) -> Tensor:
-                return act + add.unsqueeze(2).to(act.dtype)  # a post-norm's writes: float32
+                return act + add.to(act.dtype)  # a post-norm's writes: float32
 
             def keep(act: Tensor, hook: Any, got: dict[str, Tensor] = got) -> None:
                 got["p"] = act
 
-            run_from_layer(model, resid.repeat(len(senders), 1, 1), layer,
-                           fwd_hooks=[(hook_in, patch), (pattern, keep)], stop_after=[pattern])
+            run_from_layer(model, copies, layer, fwd_hooks=[(hook_in, patch), (pattern, keep)],
+                           stop_after=[pattern])
             chunks.append(got["p"].view(len(senders), b, *got["p"].shape[1:]))
     return torch.cat(chunks)

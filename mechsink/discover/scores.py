@@ -114,6 +114,36 @@ class EdgeScores:
         }
 
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], graph: Graph | None = None, *,
+                  values: Tensor | None = None, first_order: Tensor | None = None
+                  ) -> EdgeScores:
+        """Scores :meth:`to_dict` wrote, without the model: ``values`` (every edge, as
+        :meth:`mechsink.discover.Discovery.save` keeps them beside the JSON) or, without it,
+        the edges the JSON lists (the others NaN: not scored, ranked last)."""
+        graph = Graph.from_dict(data["graph"]) if graph is None else graph
+        rows = data.get("edges", [])
+        if values is None:
+            values = _from_rows(graph, rows, "score")
+        if first_order is None and any("first_order" in r for r in rows):
+            first_order = _from_rows(graph, rows, "first_order")
+        if values.shape != (graph.n_edges,):
+            raise BadInputError(f"{values.numel()} scores for a graph of {graph.n_edges} edges.")
+        return cls(graph, values, str(data.get("method")), str(data.get("metric")),
+                   float(data["clean_value"]), None if data.get("corrupted_value") is None
+                   else float(data["corrupted_value"]), dict(data.get("settings") or {}),
+                   first_order, list(data.get("checks") or []))
+
+
+def _from_rows(graph: Graph, rows: Sequence[dict[str, Any]], key: str) -> Tensor:
+    """One value per edge from JSON rows naming edges (``null`` and absent edges: NaN)."""
+    out = torch.full((graph.n_edges,), math.nan, dtype=torch.float64)
+    for row in rows:
+        if row.get(key) is not None:
+            out[graph.edge_index(str(row["edge"]))] = float(row[key])
+    return out
+
+
 #: why an edge's score is ``null`` in JSON (scores that turn non-finite are refused earlier)
 NOT_SCORED = "not scored (the method scored a subset of the edges)"
 

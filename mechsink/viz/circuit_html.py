@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.io import atomic_write_text
-from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position
+from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position, mlp_row
 from mechsink.viz.html_safe import script_json, text
 
-SCALE_X, SCALE_Y, PAD = 60.0, 22.0, 40.0
+#: pixels per stage (a layer is two: heads, MLP) and per head row: a 30-layer model fits a page
+SCALE_X, SCALE_Y, PAD = 22.0, 26.0, 40.0
 
 
 def _kind(receiver: str) -> str:
@@ -32,9 +33,12 @@ def circuit_page(circuit: dict[str, Any], path: str | Path, *, title: str = "") 
     n_heads, n_layers = int(g["n_heads"]), max(1, int(g["n_layers"]))
     group = n_heads // int(g["n_kv_heads"])
 
-    def xy(name: str) -> tuple[float, float]:
+    top = max([mlp_row(n_heads)] + [_position(s, n_heads, n_layers, group)[1]
+                                    for s in g["senders"] if "N" in s[1:]])
+
+    def xy(name: str) -> tuple[float, float]:  # head 0 at the bottom, as in circuit.png
         x, y = _position(name, n_heads, n_layers, group)
-        return PAD + SCALE_X * x, PAD + SCALE_Y * y
+        return PAD + SCALE_X * x, PAD + SCALE_Y * (top - y)
 
     edges = []
     for e in circuit["edges"]:
@@ -52,8 +56,8 @@ def circuit_page(circuit: dict[str, Any], path: str | Path, *, title: str = "") 
     nodes = sorted({"embed", "metric"} | {e["s"] for e in edges}
                    | {e["r"].split(".")[0] for e in edges})
     node_xy = {n: xy(n) for n in nodes}
-    width = PAD * 2 + SCALE_X * (2 * n_layers + 1)
-    height = PAD * 2 + SCALE_Y * max(1, n_heads - 1)
+    width = PAD * 2 + SCALE_X * (2 * n_layers + 1) + 60  # room for the last labels
+    height = PAD * 2 + SCALE_Y * top
     heading = title or f"{circuit['n_edges']} edges ({circuit['how']})"
     legend = " ".join(f'<span style="color:{c}">&#9644; {k}</span>'
                       for k, c in KIND_COLOURS.items())
@@ -68,7 +72,8 @@ display:none;pointer-events:none}}</style></head>
 <p>edges shown: <input id="n" type="range" min="1" max="{max(1, len(edges))}"
 value="{min(len(edges), 50) or 1}"> <span id="count"></span> (top by |score|) &nbsp; into:
 {legend} &nbsp; dashed: negative</p>
-<svg id="g" width="{width:.0f}" height="{height:.0f}"></svg><div id="tip"></div>
+<svg id="g" viewBox="0 0 {width:.0f} {height:.0f}" width="{width:.0f}"
+ style="max-width:100%;height:auto"></svg><div id="tip"></div>
 <script>
 const D = {data};
 const svg = document.getElementById("g"), tip = document.getElementById("tip");
@@ -88,8 +93,8 @@ function draw() {{
     const l = document.createElementNS(NS, "line");
     l.setAttribute("x1", e.x0); l.setAttribute("y1", e.y0);
     l.setAttribute("x2", e.x1); l.setAttribute("y2", e.y1);
-    l.setAttribute("stroke", D.colours[e.k]); l.setAttribute("stroke-opacity", 0.75);
-    l.setAttribute("stroke-width", 0.5 + 4 * Math.abs(e.score || 0) / top1);
+    l.setAttribute("stroke", D.colours[e.k]); l.setAttribute("stroke-opacity", 0.9);
+    l.setAttribute("stroke-width", 1.2 + 5 * Math.abs(e.score || 0) / top1);
     if ((e.score || 0) < 0) l.setAttribute("stroke-dasharray", "4 3");
     const label = e.s + " \\u2192 " + e.r + ": " + (e.score === null ? "no score" : e.score);
     l.addEventListener("mousemove", ev => show(label, ev)); l.addEventListener("mouseleave", hide);
@@ -103,8 +108,9 @@ function draw() {{
     c.addEventListener("mousemove", ev => show(name, ev)); c.addEventListener("mouseleave", hide);
     svg.appendChild(c);
     if (on.has(name)) {{ const t = document.createElementNS(NS, "text");
-      t.setAttribute("x", p[0] + 6); t.setAttribute("y", p[1] - 6);
-      t.setAttribute("font-size", "10"); t.textContent = name; svg.appendChild(t); }}
+      t.setAttribute("x", p[0] + 5); t.setAttribute("y", p[1] - 5);
+      t.setAttribute("transform", "rotate(-35 " + (p[0] + 5) + " " + (p[1] - 5) + ")");
+      t.setAttribute("font-size", "11"); t.textContent = name; svg.appendChild(t); }}
   }}
 }}
 document.getElementById("n").addEventListener("input", draw);

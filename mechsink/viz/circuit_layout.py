@@ -14,18 +14,24 @@ KIND_COLOURS = {"q": "#0072B2", "k": "#E69F00", "v": "#009E73", "mlp": "#CC79A7"
                 "metric": "#D55E00"}
 
 
+def mlp_row(n_heads: int) -> float:
+    """The row MLPs sit on: their own, above every head's (never on a head's row)."""
+    return n_heads + 0.5
+
+
 def _position(name: str, n_heads: int, n_layers: int, group: int) -> tuple[float, float]:
-    """x = stage (embed 0, heads of layer L at 2L+1, MLP L at 2L+2, metric last); y = head."""
+    """x = stage (embed 0, heads of layer L at 2L+1, MLP L at 2L+2, metric last); y = head,
+    MLPs on a row of their own above the heads (:func:`mlp_row`), their neurons above it."""
     if name == "embed":
         return 0.0, (n_heads - 1) / 2
     if name == "metric":
         return 2.0 * n_layers + 1, (n_heads - 1) / 2
     m = _MLP.match(name)
     if m:
-        return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2
-    m = _NEURON.match(name)  # a neuron sender (discovery's neurons=): beside its MLP
+        return 2.0 * int(m[1]) + 2, mlp_row(n_heads)
+    m = _NEURON.match(name)  # a neuron sender (discovery's neurons=): above its MLP
     if m:
-        return 2.0 * int(m[1]) + 2, (n_heads - 1) / 2 + 0.5 + int(m[2]) % 7 * 0.25
+        return 2.0 * int(m[1]) + 2, mlp_row(n_heads) + 0.75 + int(m[2]) % 7 * 0.25
     m = _HEAD.match(name)
     if m is None:
         raise ValueError(f"cannot place node {name!r}")

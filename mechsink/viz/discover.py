@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position
+from mechsink.viz.circuit_layout import KIND_COLOURS, _num, _position, mlp_row
 
 
 def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
@@ -58,14 +58,19 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
             on = name in active
             ax.scatter([x], [y], s=28 if on else 8, color="#000000" if on else "#BBBBBB",
                        zorder=2)
-            if on:
-                ax.annotate(name, (x, y), fontsize=MIN_FONT, xytext=(2, 3),
-                            textcoords="offset points")
+            if on:  # slanted, so the labels of neighbouring layers do not run together
+                ax.annotate(name, (x, y), fontsize=MIN_FONT, xytext=(3, 3), rotation=35,
+                            textcoords="offset points", ha="left", va="bottom")
         ticks = [0] + [2 * lay + 1 for lay in range(n_layers)] + [2 * n_layers + 1]
         ax.set_xticks(ticks, ["embed"] + [f"L{lay}" for lay in range(n_layers)] + ["metric"],
                       fontsize=MIN_FONT, rotation=90 if n_layers > 8 else 0)
-        ax.set_yticks(range(n_heads))
-        ax.set_ylabel("head")
+        ax.set_xlim(-1.0, 2 * n_layers + 2.5)  # room for the first and last labels
+        top_row = max([mlp_row(n_heads)] + [_position(s, n_heads, n_layers, group)[1]
+                                             for s in g["senders"] if "N" in s[1:]])
+        ax.set_ylim(-0.7, top_row + 1.2)
+        ax.set_yticks([*range(n_heads), mlp_row(n_heads)],
+                      [f"H{h}" for h in range(n_heads)] + ["MLP"])
+        ax.set_ylabel("head / MLP")
         handles, labels = ax.get_legend_handles_labels()
         handles.append(Line2D([], [], color="#555555", lw=4.0))
         labels.append(f"widest line: |score| {top:.3g} (width by |score|)")

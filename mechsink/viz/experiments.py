@@ -342,9 +342,16 @@ def plot_p0_circuit(result: dict[str, Any], path: str | Path, top: int = 8,
 
 def _label(name: str, n: int = 18) -> str:
     """A node's name for a figure: a group (``L0N239+141+...``) longer than ``n`` characters
-    becomes its first member and how many more."""
+    becomes its first member and how many more; a note in brackets (``sink @key0 (L20,21,...)``)
+    goes on a line of its own, a long list in it shortened to its ends."""
     if len(name) <= n:
         return name
+    if " (" in name and name.endswith(")"):
+        head, note = name[:-1].split(" (", 1)
+        items = note.split(",")
+        if len(note) > n and len(items) > 2:
+            note = f"{items[0]},…,{items[-1]}"
+        return f"{_label(head, n)}\n({note})"
     parts = name.split("+")
     return f"{parts[0]} +{len(parts) - 1} more" if len(parts) > 1 else name[: n - 1] + "…"
 

@@ -4,16 +4,20 @@ between clean and corrupted (midpoint rule), times each sender's corrupted-minus
 
 Three paths between clean and corrupted, ``ig=``:
 
-- ``"inputs"`` (Hanna et al.'s EAP-IG): the input embedding moves a fraction ``alpha`` of the
-  way to its corrupted value, every receiver's gradient is taken there. One forward/backward
-  per step for the whole graph.
-- ``"activations"`` (IG on activations: Marks et al. 2024, "Sparse Feature Circuits", and
-  Hanna et al.'s EAP-IG-activations): one *sender group* at a time (the embedding, a layer's
-  heads, a layer's MLP with its neuron senders) has its writes moved a fraction ``alpha`` to
-  corrupted, everything downstream computed live, and the edges out of that group are scored
-  with the gradients of that run. The scores of a group's edges add up to the effect of
-  corrupting the group (as ``steps`` grows). One forward/backward per step and group, each
-  from the group's block on, and only one group's run in memory at a time.
+- ``"inputs"`` (Hanna et al.'s EAP-IG-inputs): the input embedding moves a fraction ``alpha``
+  of the way to its corrupted value, every receiver's gradient is taken there. One
+  forward/backward per step for the whole graph. The reference implementation takes its
+  points at one end of each step (:func:`reference_alphas`); the midpoints are closer to the
+  integral at the same cost, and ``convention="reference"`` reproduces the reference's.
+- ``"activations"`` (IG on activations: Marks et al. 2024, "Sparse Feature Circuits"): one
+  *sender group* at a time (the embedding, a layer's heads, a layer's MLP with its neuron
+  senders) has its writes moved a fraction ``alpha`` to corrupted, everything downstream
+  computed live, and the edges out of that group are scored with the gradients of that run.
+  The scores of a group's edges add up to the effect of corrupting the group (as ``steps``
+  grows). One forward/backward per step and group, each from the group's block on, and only
+  one group's run in memory at a time. Hanna et al.'s EAP-IG-activations moves the same
+  groups but scores every edge with the gradient averaged over all groups' runs, whose sums
+  do not add up so: ``convention="reference"`` computes that.
 - ``"coefficients"``: every edge coefficient at ``alpha`` at once (each receiver reads its
   senders ``alpha`` corrupted), the gradient with respect to the coefficients; all edges add
   up to ``m(corrupted) - m(clean)``. It keeps every sender's write at every receiver slot for
@@ -47,28 +51,59 @@ from mechsink.model import act_name
 
 #: the interpolation paths ``ig=`` takes
 PATHS = ("inputs", "activations", "coefficients")
+#: how the steps are placed and summed, ``convention=``: mechsink's (the midpoint rule; IG on
+#: activations scores each group's edges from that group's own runs) or the reference
+#: implementation's, to reproduce numbers published with it (see :func:`reference_alphas`)
+CONVENTIONS = ("mechsink", "reference")
+
+
+def reference_alphas(ig: str, steps: int) -> list[float]:
+    """The fractions of the way to corrupted at which the reference EAP-IG implementation
+    (Hanna et al. 2024's ``eap`` package, as used by MIB: Mueller et al. 2025, "MIB: A
+    Mechanistic Interpretability Benchmark") takes its gradients: on inputs the points
+    ``corrupted + k/steps (clean - corrupted)`` for ``k = 0..steps-1`` (the corrupted end in,
+    the clean end out), on activations ``k/steps clean + (1 - k/steps) corrupted`` for ``k =
+    1..steps`` (the clean end in, the corrupted end out). mechsink's own are the midpoints
+    ``(k + 0.5) / steps``, closer to the integral at the same cost."""
+    ks = range(steps) if ig == "inputs" else range(1, steps + 1)
+    return [1.0 - k / steps for k in ks]
 
 
 @register("eap-ig")
 def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "activations", qk_fix: bool = True,
-           verify: int = 20, edges: Sequence[int] | None = None) -> EdgeScores:
+           verify: int = 20, edges: Sequence[int] | None = None,
+           convention: str = "mechsink") -> EdgeScores:
     """EAP-IG with ``steps`` interpolation points (midpoint rule), on ``"inputs"``,
     ``"activations"`` or ``"coefficients"`` (see the module doc). ``edges`` (coefficients
     only): interpolate these edges alone, the others stay clean. ``qk_fix`` replaces the
     scores of edges into queries and keys by AtP*'s estimate at the clean run (one more
     backward pass), as :func:`~mechsink.discover.methods.eap.eap` does; on by default, as in
-    :func:`~mechsink.discover.pipeline.discover` and ``mechsink discover``."""
+    :func:`~mechsink.discover.pipeline.discover` and ``mechsink discover``.
+
+    ``convention="reference"`` computes what the reference implementation does (inputs and
+    activations; pass ``qk_fix=False`` too, it has no QK fix): its step points
+    (:func:`reference_alphas`) and, on activations, every edge scored with the gradient
+    averaged over *every* group's runs (each a whole-model run moving one group), where
+    mechsink scores a group's edges from that group's own runs only (which makes a group's
+    scores add up to the effect of corrupting it; the reference's do not)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise BadInputError(f"steps must be a positive integer, got {steps!r}.")
     if ig not in PATHS:
         raise BadInputError(f"ig must be one of {', '.join(map(repr, PATHS))}, got {ig!r}.")
     if edges is not None and ig != "coefficients":
         raise BadInputError("edges= restricts the interpolated edges: use ig='coefficients'.")
+    if convention not in CONVENTIONS or (convention == "reference" and ig == "coefficients"):
+        raise BadInputError(f"convention must be 'mechsink' or 'reference' (the latter on "
+                            f"ig='inputs' or 'activations'), got {convention!r} with ig={ig!r}.")
     scores.check_verify(verify)
     g = run.graph
-    alphas = [(k + 0.5) / steps for k in range(steps)]
+    reference = convention == "reference"
+    alphas = (reference_alphas(ig, steps) if reference
+              else [(k + 0.5) / steps for k in range(steps)])
     if ig == "inputs":
         total = _stacked_steps(run, alphas)
+    elif ig == "activations" and reference:
+        total = _reference_group_steps(run, alphas)
     elif ig == "activations":
         total = _group_steps(run, alphas)
     else:
@@ -85,8 +120,9 @@ def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "activations", qk_fix: bo
             total += scores.from_grads(run, grads, deltas)
     values = scores.on_edges(run, total / steps)
     grads_clean = scores.clean_gradients(run) if qk_fix else None
-    return scores.finish(run, values, "eap-ig", {"steps": steps, "ig": ig}, qk_fix, verify,
-                         grads_clean)
+    return scores.finish(run, values, "eap-ig", {"steps": steps, "ig": ig,
+                                                 "convention": convention},
+                         qk_fix, verify, grads_clean)
 
 
 def _add(summed: dict[str, Tensor], grads: dict[str, Tensor], copies: int, batch: int) -> None:
@@ -155,6 +191,22 @@ def _group_steps(run: GraphRun, alphas: list[float]) -> Float[Tensor, "sender re
     return total
 
 
+def _reference_group_steps(run: GraphRun, alphas: list[float]
+                           ) -> Float[Tensor, "sender receiver"]:
+    """IG on activations as the reference implementation sums it: for every group and step a
+    whole-model run (graph mode) with that group's writes moved, the gradient at *every*
+    receiver added up over all of them, divided by the number of groups, and every sender's
+    delta times that one average (the ``/ steps`` follows in :func:`eap_ig`)."""
+    groups = sender_groups(run)
+    summed: dict[str, Tensor] = {}
+    per = run.copies_per_forward(injects=True)
+    for group in groups:
+        for lo in range(0, len(alphas), per):
+            chunk = alphas[lo:lo + per]
+            _add(summed, graph_group_grads(run, group, chunk, whole=True), len(chunk), run.batch)
+    return scores.from_grads(run, summed) / len(groups)
+
+
 def _group_grads(run: GraphRun, group: list[int], chunk: list[float], plain: bool
                  ) -> dict[str, Tensor] | None:
     """The receivers' gradients with ``group``'s writes moved by each of ``chunk`` (stacked
@@ -166,15 +218,17 @@ def _group_grads(run: GraphRun, group: list[int], chunk: list[float], plain: boo
     return graph_group_grads(run, group, chunk)
 
 
-def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
-                      ) -> dict[str, Tensor]:
+def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float], *,
+                      whole: bool = False) -> dict[str, Tensor]:
     """Graph mode (every head reading its own fork of the residual): ``group``'s writes moved
     by each of ``chunk`` where they enter the residual stream (``hook_attn_out``, or the
     post-attention norm's output on models that normalise the heads' sum; ``hook_resid_post``
     after an MLP), the run from the group's block, the gradient kept at every receiver slot
     after it. The same as :meth:`GraphRun.run_coeffs` with ``alpha`` on every edge out of the
     group (tests compare them), whose hooks keep every write for the backward pass; here the
-    hooks hold no tensors, so a run's autograd graph is freed when it ends."""
+    hooks hold no tensors, so a run's autograd graph is freed when it ends. ``whole``: the run
+    starts at the embedding and the gradient reaches every receiver, also those before the
+    group (the reference convention)."""
     g = run.graph
     stage = g.senders[group[0]].stage
     start = max(0, (stage - 1) // 2)
@@ -194,8 +248,12 @@ def graph_group_grads(run: GraphRun, group: list[int], chunk: list[float]
             return new
         return hook
 
-    resid, leaf, inject = plain_grads.moved_input(run, start, at, None if at is None
+    begin = 0 if whole else start
+    resid, leaf, inject = plain_grads.moved_input(run, begin, at, None if at is None
                                                   else group, chunk)
+    if whole and at is not None:  # the backward reaches the receivers before the group too
+        resid = leaf = resid.detach().requires_grad_(True)
+    start = begin
     hooks = inject + [(slot.hook, keep(slot.hook)) for slot in run.slots(start)]
     with graph_mode(run.model):
         plain_grads.gradient_run(run, resid, leaf, start, len(chunk), hooks)

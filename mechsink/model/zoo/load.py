@@ -71,8 +71,13 @@ def load_model(
                                  own_tokenizer=tokenizer is None)
         check_finite_weights(hf_model, label=name)  # before any measurement (one pass)
         hf_model.to(device=target, dtype=torch_dtype)
-        return wrap_hf(hf_model, own if tokenizer is None else tokenizer, name=name,
-                       fold_weights=fold_weights)
+        bridge = wrap_hf(hf_model, own if tokenizer is None else tokenizer, name=name,
+                         fold_weights=fold_weights)
+    # the zoo's name, not the architecture's reference checkpoint TransformerLens fills in
+    # (qwen2.5-0.5b is Qwen2.5-Coder-0.5B-Instruct, not "Qwen/Qwen2.5-0.5B"): results that
+    # name their model by cfg.model_name name the weights that ran
+    bridge.cfg.model_name = name
+    return bridge
 
 
 def _load_hf(name: str, *, seed: int, dtype: torch.dtype,
