@@ -34,7 +34,7 @@ def circuit_page(circuit: dict[str, Any], path: str | Path, *, title: str = "") 
     group = n_heads // int(g["n_kv_heads"])
 
     top = max([mlp_row(n_heads)] + [_position(s, n_heads, n_layers, group)[1]
-                                    for s in g["senders"] if "N" in s[1:]])
+                                    for s in g.get("senders", []) if "N" in s[1:]])
 
     def xy(name: str) -> tuple[float, float]:  # head 0 at the bottom, as in circuit.png
         x, y = _position(name, n_heads, n_layers, group)

@@ -66,7 +66,7 @@ def draw_circuit(circuit: dict[str, Any], path: str | Path, *, title: str = "",
                       fontsize=MIN_FONT, rotation=90 if n_layers > 8 else 0)
         ax.set_xlim(-1.0, 2 * n_layers + 2.5)  # room for the first and last labels
         top_row = max([mlp_row(n_heads)] + [_position(s, n_heads, n_layers, group)[1]
-                                             for s in g["senders"] if "N" in s[1:]])
+                                             for s in g.get("senders", []) if "N" in s[1:]])
         ax.set_ylim(-0.7, top_row + 1.2)
         ax.set_yticks([*range(n_heads), mlp_row(n_heads)],
                       [f"H{h}" for h in range(n_heads)] + ["MLP"])
