@@ -42,6 +42,7 @@ __all__ = [
     "model_config",
     "model_sizes",
     "model_tokenizer",
+    "reads_the_corpus",
 ]
 
 DEFAULT_EPS = 0.3  # mechsink.measure.sinks.DEFAULT_EPS, here so `mechsink --help` needs no torch
@@ -188,6 +189,18 @@ def model_tokenizer(model: str) -> Any | None:
         return AutoTokenizer.from_pretrained(str(folder))
     except (OSError, ValueError):
         return None  # the load says what is wrong
+
+
+def reads_the_corpus(model: str) -> bool:
+    """Whether zoo name ``model``'s natural suite is the English corpus: every model but an
+    organism trained on a synthetic task (its natural suite is drawn from the task, without
+    limit)."""
+    if not model.startswith(("organism:", "hf:")):
+        return True
+    from mechsink.inputs.tasks import task_of_tokenizer
+
+    tok = model_tokenizer(model)
+    return tok is None or task_of_tokenizer(tok) is None
 
 
 def check_context(model: str, seq_len: int, option: str = "--seq-len") -> None:

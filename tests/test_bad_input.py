@@ -229,6 +229,18 @@ def test_sweep_setting_of_the_wrong_type_names_key_and_type(tmp_path, no_load, b
 # --- 10: what every shard would find out at run time, found at spec time ------------------------
 
 
+@pytest.mark.parametrize("body, line", [
+    ('jobs = ["census"]\n[census]\nn = 5000\n', 4),
+    ('jobs = ["timeline"]\n[timeline]\nsuite = "natural"\nn = 5000\n', 5),
+], ids=["census", "timeline"])
+def test_sweep_natural_n_past_the_corpus(tmp_path, no_load, body, line):
+    from mechsink.inputs.corpus import NATURAL_TEXTS
+
+    message = _spec_error(tmp_path, body)
+    assert f"line {line}:" in message
+    assert f"n 5000 is more than the natural corpus holds ({NATURAL_TEXTS} texts" in message
+
+
 @pytest.mark.parametrize("extra, words", [
     ("layers = [99]\n", "line 6: [patch] layers: layer 99 is out of range (random:gpt2-tiny "
                         "has 2 layers, numbered 0..1)."),
@@ -322,6 +334,14 @@ def test_discover_prompts_of_different_lengths_name_the_cli_options(tmp_path, no
                   "--out", str(tmp_path / "d")])
     assert "give --clean and --corrupted prompts of the same number of tokens" in text
     assert not (tmp_path / "d").exists()
+
+
+def test_patch_prompts_of_different_lengths_before_loading(tmp_path, no_load):
+    a, b = _gpt2_lengths("The cat sat", "The big dog sat down")
+    text = _line(["patch", "random:gpt2-tiny", "--clean", "The cat sat", "--corrupted",
+                  "The big dog sat down", "--out", str(tmp_path / "p")])
+    assert f"(--clean: {a}, --corrupted: {b} tokens)" in text
+    assert not (tmp_path / "p").exists()
 
 
 def test_circuit_work_dir_is_not_an_option(tmp_path, no_training):

@@ -91,10 +91,10 @@ def _check_same_lengths(tok: typing.Any, texts: dict[str, list[str] | None]) -> 
     tokens: they run as one batch and are compared position by position."""
     from mechsink.model.tokens import encode
 
-    lengths = [(flag, i, len(encode(tok, t))) for flag, given in texts.items()
-               for i, t in enumerate(given or [], 1)]
-    if len({n for *_, n in lengths}) > 1:
-        shown = ", ".join(f"{flag} {i}: {n}" for flag, i, n in lengths)
+    lengths = [(flag if len(given) == 1 else f"{flag} {i}", len(encode(tok, t)))
+               for flag, given in texts.items() if given for i, t in enumerate(given, 1)]
+    if len({n for _, n in lengths}) > 1:
+        shown = ", ".join(f"{label}: {n}" for label, n in lengths)
         raise MechsinkError(f"the prompts tokenise to different lengths ({shown} tokens): give "
                             f"{' and '.join(f for f, g in texts.items() if g)} prompts of the same "
                             "number of tokens (they run as one batch, compared position by "
@@ -221,17 +221,6 @@ def info(
     console.print(f"[bold]greedy continuation[/]: {tok.decode(out[0, ids.shape[1]:])!r}")
 
 
-def _reads_the_corpus(model: str) -> bool:
-    """Whether ``model``'s natural suite is the English corpus: every model but an organism
-    trained on a synthetic task (its natural suite is drawn from the task, without limit)."""
-    if not model.startswith(("organism:", "hf:")):
-        return True
-    from mechsink.inputs.tasks import task_of_tokenizer
-
-    tok = settings.model_tokenizer(model)
-    return tok is None or task_of_tokenizer(tok) is None
-
-
 @app.command()
 def scan(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:llama-tiny"),
@@ -275,7 +264,7 @@ def scan(
         settings.check_eps(eps)
         check_batch_size(batch_size)
         check_context(model, seq_len, "--seq-len")
-        if "natural" in suites and _reads_the_corpus(model):
+        if "natural" in suites and settings.reads_the_corpus(model):
             check_corpus_size(n)
         _check_device(device)
         folder = check_out_dir(check_writable(out))
@@ -393,6 +382,9 @@ def patch(
         settings.check_direction(direction)
         _check_device(device)
         check_context(model, 1, "--clean")  # the name, before the model loads
+        tok = settings.model_tokenizer(model)  # no weights needed
+        if tok is not None:
+            _check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]})
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)

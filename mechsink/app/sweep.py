@@ -339,6 +339,7 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
     """Every value through :mod:`mechsink.settings` (the checks and messages the CLI and the
     experiments use), before any model loads; a bad one names the spec's line."""
     from mechsink import settings as checks
+    from mechsink.inputs.corpus import check_corpus_size
 
     def check(table: str | None, key: str | None, fn: Callable[..., None], *args: Any,
               **kwargs: Any) -> None:
@@ -360,6 +361,8 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
         check("census", "batch_size", checks.check_batch_size, c["batch_size"], "batch_size")
         for load in loads:
             check("census", "seq_len", checks.check_context, load, c["seq_len"], "seq_len")
+            if "natural" in c["suites"] and checks.reads_the_corpus(load):
+                check("census", "n", check_corpus_size, c["n"], "n")
     if "timeline" in jobs:
         t = settings["timeline"]
         check("timeline", "suite", checks.check_suites, [t["suite"]], [t["variant"]], 1, 2)
@@ -369,6 +372,8 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
         check("timeline", "eps", checks.check_eps, t["eps"], "eps")
         for load in loads:
             check("timeline", "seq_len", checks.check_context, load, t["seq_len"], "seq_len")
+            if t["suite"] == "natural" and checks.reads_the_corpus(load):
+                check("timeline", "n", check_corpus_size, t["n"], "n")
     if "patch" in jobs:
         p = settings["patch"]
         check("patch", "layers", checks.check_layers, p["layers"])
