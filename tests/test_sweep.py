@@ -129,14 +129,26 @@ def test_killed_sweep_resumes_without_redoing_finished_shards(sweep_dir, local_r
     assert merged_files(part) == merged_files(out)
 
 
-def test_a_raising_shard_is_reported_and_the_others_finish(tmp_path):
+def test_a_raising_shard_is_reported_and_the_others_finish(tmp_path, monkeypatch):
+    from mechsink.app import sweep
+
     pairs = [{"clean": "The cat sat on the mat", "corrupted": "The dog sat on the mat"},
-             {"clean": "The cat sat on the", "corrupted": "A much longer corrupted prompt here"},
+             {"clean": "The cat sat on the", "corrupted": "The dog sat on the"},
              {"clean": "The cow sat on the mat", "corrupted": "The pig sat on the mat"}]
     (tmp_path / "pairs.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pairs))
     (tmp_path / "spec.toml").write_text('models = ["random:gpt2-tiny"]\njobs = ["patch"]\n'
                                         '[patch]\npairs = "pairs.jsonl"\nmetric = "kl"\n'
                                         'site = "resid_pre"\npairs_per_shard = 1\n')
+    # the spec check refuses what it can see (pairs of different lengths, ...): a failure at
+    # run time (a node out of memory, a damaged file) is injected into the second shard
+    real = sweep._JOB_RUNNERS["patch"]
+
+    def second_fails(worker, shard):
+        if shard["settings"]["first"] == 1:
+            raise BadInputError("the second shard's token failure")
+        return real(worker, shard)
+
+    monkeypatch.setitem(sweep._JOB_RUNNERS, "patch", second_fails)
     # KL to clean on a tiny random model is near its bound (0): the sweep says so, and runs
     with pytest.warns(SaturatedMetricWarning, match="kl_to_clean"):
         summary = run_sweep(tmp_path / "spec.toml", tmp_path / "out")

@@ -42,28 +42,63 @@ def _main() -> None:
 def fail(exc: MechsinkError) -> None:
     """Print a mechsink error as one readable message and exit with status 2 (an ``--out``
     folder the command created and left empty is removed)."""
+    from rich.markup import escape
+
     from mechsink.io import remove_unused_folders
 
     remove_unused_folders()
-    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {exc}")  # one line
+    # the message as written: "[patch] layers" is text here, not a rich style tag
+    Console(stderr=True, soft_wrap=True).print(f"[bold red]error:[/] {escape(str(exc))}")
     raise typer.Exit(2)
 
 
 # --- checks that run before any model loads ---------------------------------------------------
 
 
-def parse_layers(text: str | None, option: str) -> tuple[int, ...] | None:
-    """``"0,2,5"`` -> (0, 2, 5); None stays None; anything else is an error naming ``option``."""
+def parse_layers(text: str | None, option: str, what: str = "layer") -> tuple[int, ...] | None:
+    """``"0,2,5"`` -> (0, 2, 5); None stays None; anything else is an error naming ``option``
+    and ``what`` the numbers are (layer, position)."""
     if text is None:
         return None
     try:
         values = tuple(int(v) for v in text.split(","))
     except ValueError:
-        raise MechsinkError(f"{option} takes comma-separated layer numbers such as 0,2,5; "
+        raise MechsinkError(f"{option} takes comma-separated {what} numbers such as 0,2,5; "
                             f"got {text!r}.") from None
     if any(v < 0 for v in values):
-        raise MechsinkError(f"{option}: layer numbers start at 0, got {text!r}.")
+        raise MechsinkError(f"{option}: {what} numbers start at 0, got {text!r}.")
     return values
+
+
+def _check_generation(model: str, prompt_len: int, tokens: int, n_ctx: int | None) -> None:
+    """The prompt and ``tokens`` generated after it fit the model's context."""
+    if n_ctx is not None and prompt_len + tokens > n_ctx:
+        raise MechsinkError(
+            f"--tokens {tokens} after the prompt's {prompt_len} tokens makes {prompt_len + tokens}"
+            f", more than the model's context ({model}: {n_ctx} tokens): give --tokens "
+            f"{max(n_ctx - prompt_len, 0)} or fewer, or a shorter --prompt.")
+
+
+def _prompt_length(tok: typing.Any, prompt: str, prepend_bos: bool) -> int:
+    from mechsink.model.tokens import encode
+
+    bos = prepend_bos and getattr(tok, "bos_token_id", None) is not None
+    return len(encode(tok, prompt)) + int(bos)
+
+
+def _check_same_lengths(tok: typing.Any, texts: dict[str, list[str] | None]) -> None:
+    """Every prompt given (``--clean``, ``--corrupted``) tokenises to the same number of
+    tokens: they run as one batch and are compared position by position."""
+    from mechsink.model.tokens import encode
+
+    lengths = [(flag if len(given) == 1 else f"{flag} {i}", len(encode(tok, t)))
+               for flag, given in texts.items() if given for i, t in enumerate(given, 1)]
+    if len({n for _, n in lengths}) > 1:
+        shown = ", ".join(f"{label}: {n}" for label, n in lengths)
+        raise MechsinkError(f"the prompts tokenise to different lengths ({shown} tokens): give "
+                            f"{' and '.join(f for f, g in texts.items() if g)} prompts of the same "
+                            "number of tokens (they run as one batch, compared position by "
+                            "position).")
 
 
 # the one validation of mechsink.settings, under the names the commands use
@@ -168,14 +203,21 @@ def info(
     """Load a model, print its architecture summary and a greedy continuation of a prompt."""
     from mechsink.model import architecture_summary, to_tokens
     from mechsink.model.generate import greedy_continue
+    from mechsink.model.tokens import context_length
     from mechsink.model.zoo import load_model
+    from mechsink.model.zoo.load import context_of
 
     try:
         settings.check_text(prompt, "--prompt")
         _check_device(device)  # before the model loads
+        tok = settings.model_tokenizer(model)  # the prompt's length, without the weights
+        n_ctx = context_of(model)
+        _check_generation(model, 0 if tok is None else _prompt_length(tok, prompt, prepend_bos),
+                          tokens, n_ctx)
         with console.status(f"loading {model}"):
             bridge = load_model(model, device=device, dtype=dtype, seed=seed)
         ids = to_tokens(bridge, prompt, prepend_bos=prepend_bos)
+        _check_generation(model, int(ids.shape[1]), tokens, context_length(bridge))
     except MechsinkError as exc:
         fail(exc)
     table = Table(title=f"{model}: architecture", show_header=False)
@@ -213,6 +255,7 @@ def scan(
     writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
+    from mechsink.inputs.corpus import check_corpus_size
     from mechsink.inputs.prompts import SUITES, VARIANTS
     from mechsink.io import atomic_write_json, check_writable
     from mechsink.measure.census import (
@@ -230,6 +273,8 @@ def scan(
         settings.check_eps(eps)
         check_batch_size(batch_size)
         check_context(model, seq_len, "--seq-len")
+        if "natural" in suites and settings.reads_the_corpus(model):
+            check_corpus_size(n)
         _check_device(device)
         folder = check_out_dir(check_writable(out))
     except MechsinkError as exc:
@@ -253,9 +298,12 @@ def scan(
                 finished[name] = done
                 bar.update(task, description=f"census {name}", completed=sum(finished.values()))
 
-            result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps, seed=seed,
-                            batch_size=batch_size, model_name=model, progress=progress,
-                            validate_sets=validate_sets)
+            try:  # e.g. fewer natural texts of --seq-len tokens than --n: one line
+                result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps,
+                                seed=seed, batch_size=batch_size, model_name=model,
+                                progress=progress, validate_sets=validate_sets)
+            except MechsinkError as exc:
+                fail(exc)
             data = result.to_dict()
         with _result_set(folder) as staging:
             # strict JSON: a non-finite value is null with a reason beside it (mechsink.io)
@@ -301,6 +349,7 @@ def train(
     try:
         if out.strip() == "":
             raise MechsinkError("--out is empty: give the run folder.")
+        settings.check_seed(seed)  # before the run folder is made or run.json written
         folder = training.train(recipe, out, steps=steps, seed=seed, resume=resume)
     except MechsinkError as exc:
         fail(exc)
@@ -342,6 +391,9 @@ def patch(
         settings.check_direction(direction)
         _check_device(device)
         check_context(model, 1, "--clean")  # the name, before the model loads
+        tok = settings.model_tokenizer(model)  # no weights needed
+        if tok is not None:
+            _check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]})
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -606,8 +658,8 @@ def discover(
     try:  # every check that needs no model, before loading one
         extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select,
                                         convention)
-        pos = None if positions in (None, "all") else list(parse_layers(positions,
-                                                                        "--positions") or ())
+        pos = None if positions in (None, "all") else list(
+            parse_layers(positions, "--positions", "position") or ())
         if metric.strip() != "logit_diff":
             parse_metric(metric, None)
         if steps < 1 or verify < 0 or n < 1:
@@ -618,6 +670,9 @@ def discover(
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
         formats = _export_formats(export)
+        tok = settings.model_tokenizer(model) if clean else None  # no weights needed
+        if tok is not None:
+            _check_same_lengths(tok, {"--clean": clean, "--corrupted": corrupted})
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -625,10 +680,14 @@ def discover(
         try:
             from mechsink.inputs.prompts import make_prompts
             from mechsink.model import to_tokens as _to_tokens
+            from mechsink.model.tokens import tokenizer_of
 
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, seed=seed)
             mechsink_model.check_supported(bridge, "discover")
+            if clean and tok is None:  # a tokenizer that came with the weights
+                _check_same_lengths(tokenizer_of(bridge),
+                                    {"--clean": clean, "--corrupted": corrupted})
             if clean:
                 tokens = _to_tokens(bridge, clean, prepend_bos=True)
             else:
@@ -682,3 +741,7 @@ def export(
         fail(exc)
     console.print(f"{len(circuit.edges)} edges ({circuit.how}) of {found.scores.graph.n_edges}; "
                   f"wrote {written}")
+
+
+if __name__ == "__main__":  # python -m mechsink.app.cli
+    app()

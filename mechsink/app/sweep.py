@@ -177,6 +177,8 @@ def _checkpoints(run: Path) -> list[tuple[int, float | None]]:
 def load_spec(path: str | Path) -> Spec:
     """Parse and check a sweep spec before any work: an unknown model, job or setting, or a
     value of the wrong type, is a :class:`BadInputError` naming the spec's line."""
+    from mechsink import settings as checks
+
     spec = Path(path)
     if not spec.is_file():
         raise BadInputError(f"sweep spec {spec} not found: give the path of a TOML file.")
@@ -243,15 +245,17 @@ def load_spec(path: str | Path) -> Spec:
             raise BadInputError(f"{_where(spec, text, 'patch', 'pairs_per_shard')}: "
                                 "pairs_per_shard must be positive.")
     if "experiment" in jobs:
-        _check_experiment(spec, text, settings["experiment"])
+        _check_experiment(spec, text, settings["experiment"], base)
     models = _models(spec, text, raw, base)
     _check_values(spec, text, jobs, settings, pairs, models, raw.get("device", "cpu"))
     if not models and not ("experiment" in jobs and _experiment_without_model(settings)):
         raise BadInputError(f"{_where(spec, text, None, 'models')}: no models: give models = "
                             "[...] or training_runs = [...].")
     threads = raw.get("threads", 1)
-    if threads < 1:
-        raise BadInputError(f"{_where(spec, text, None, 'threads')}: threads must be positive.")
+    try:
+        checks.check_threads(threads)  # more would only spawn threads that wait for a core
+    except MechsinkError as exc:
+        raise BadInputError(f"{_where(spec, text, None, 'threads')}: {exc}") from None
     return Spec(spec, tuple(models), tuple(jobs), settings, raw.get("device", "cpu"), threads,
                 pairs)
 
@@ -314,10 +318,16 @@ def _read_pairs(spec: Path, text: str, path: Path) -> tuple[tuple[str, str], ...
             continue
         try:
             item = json.loads(line)
-            pairs.append((str(item["clean"]), str(item["corrupted"])))
+            pair = (item["clean"], item["corrupted"])
         except (ValueError, KeyError, TypeError):
             raise BadInputError(f"{path}, line {i}: want a JSON object with \"clean\" and "
                                 f"\"corrupted\" strings (named at {where}).") from None
+        for key, prompt in zip(("clean", "corrupted"), pair, strict=True):
+            if not isinstance(prompt, str):  # never coerced: 12 is not the text "12"
+                raise BadInputError(f"{path}, line {i}: \"{key}\" must be a string (the "
+                                    f"prompt's text in quotes), got {json.dumps(prompt)} (named "
+                                    f"at {where}).")
+        pairs.append(pair)
     if not pairs:
         raise BadInputError(f"{where}: {path} holds no prompt pairs.")
     return tuple(pairs)
@@ -329,6 +339,7 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
     """Every value through :mod:`mechsink.settings` (the checks and messages the CLI and the
     experiments use), before any model loads; a bad one names the spec's line."""
     from mechsink import settings as checks
+    from mechsink.inputs.corpus import check_corpus_size
 
     def check(table: str | None, key: str | None, fn: Callable[..., None], *args: Any,
               **kwargs: Any) -> None:
@@ -350,6 +361,8 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
         check("census", "batch_size", checks.check_batch_size, c["batch_size"], "batch_size")
         for load in loads:
             check("census", "seq_len", checks.check_context, load, c["seq_len"], "seq_len")
+            if "natural" in c["suites"] and checks.reads_the_corpus(load):
+                check("census", "n", check_corpus_size, c["n"], "n")
     if "timeline" in jobs:
         t = settings["timeline"]
         check("timeline", "suite", checks.check_suites, [t["suite"]], [t["variant"]], 1, 2)
@@ -359,12 +372,22 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
         check("timeline", "eps", checks.check_eps, t["eps"], "eps")
         for load in loads:
             check("timeline", "seq_len", checks.check_context, load, t["seq_len"], "seq_len")
+            if t["suite"] == "natural" and checks.reads_the_corpus(load):
+                check("timeline", "n", check_corpus_size, t["n"], "n")
     if "patch" in jobs:
         p = settings["patch"]
+        check("patch", "layers", checks.check_layers, p["layers"])
         check("patch", "site", checks.check_site, p["site"], p["layers"])
         check("patch", "metric", checks.check_metric, p["metric"])
         check("patch", "direction", checks.check_direction, p["direction"], "direction")
         check("patch", "pairs", checks.check_pairs, pairs)
+        # against each model's config and tokenizer (no weights load): what every shard of
+        # that model would otherwise find out at run time
+        for load in loads:
+            check("patch", "layers", checks.check_layers, p["layers"], load)
+            check("patch", "metric", checks.check_metric, p["metric"], load)
+            check("patch", "pairs", checks.check_pair_lengths, load, pairs,
+                  f"prompt-pair file {p['pairs']}")
     if "atlas" in jobs:
         a = settings["atlas"]
         from mechsink.experiments import atlas
@@ -391,7 +414,9 @@ def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str
                                     f"[experiment.settings] {exc}") from None
 
 
-def _check_experiment(spec: Path, text: str, settings: dict[str, Any]) -> None:
+def _check_experiment(spec: Path, text: str, settings: dict[str, Any], base: Path) -> None:
+    """The experiment exists, can run as a job (it needs no work folder of its own) and knows
+    every setting given; a ``run_dir`` is taken relative to the spec's folder."""
     from mechsink.experiments import get_experiment
 
     try:
@@ -399,6 +424,17 @@ def _check_experiment(spec: Path, text: str, settings: dict[str, Any]) -> None:
     except MechsinkError as exc:
         raise BadInputError(f"{_where(spec, text, 'experiment', 'name')}: {exc}") from None
     known = experiment.settings()
+    if "work_dir" in known:  # it writes runs of its own, under a folder a job does not give
+        other = ("the atlas job (jobs = [\"atlas\"])" if experiment.name == "atlas" else
+                 f"`mechsink circuit {experiment.name} --out DIR`")
+        raise BadInputError(
+            f"{_where(spec, text, 'experiment', 'name')}: experiment {experiment.name} writes "
+            "its own runs into a work folder, which an experiment job does not give it: run it "
+            f"with {other}; the experiment job runs the experiments that take a model, and "
+            "sink_timeline.")
+    run_dir = settings["settings"].get("run_dir")
+    if isinstance(run_dir, str) and not Path(run_dir).is_absolute():
+        settings["settings"]["run_dir"] = str(base / run_dir)
     for key in settings["settings"]:
         if key not in known or key in ("model_name", "work_dir"):
             raise BadInputError(
@@ -665,6 +701,31 @@ def _run_ray(todo: list[dict[str, Any]], record: Record, limit: int | None, work
     return where
 
 
+RAY_PROBE_S = 3.0  # a cluster's head answers a TCP connect at once; nothing there fails fast
+
+
+def check_ray_address(address: str, timeout: float = RAY_PROBE_S) -> None:
+    """Something answers at ``address`` (``host:port``, ``ray://host:port``; ``auto`` and
+    ``local`` are left to Ray): one TCP connect with a short timeout before ``ray.init``, which
+    would otherwise retry for minutes printing its logs."""
+    if address in ("auto", "local"):
+        return
+    where = address.split("://", 1)[-1]
+    host, _, port = where.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise BadInputError(f"--ray-address {address!r} is not HOST:PORT (e.g. 10.0.0.5:6379, "
+                            "the head node's address that `ray start --head` prints).")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise BadInputError(
+            f"--ray-address {address}: nothing answers there ({reason}, {timeout:g} s): start "
+            "the cluster first (ray start --head on the head node) and give the address it "
+            "prints, or leave out --ray-address (--ray runs a local Ray instance).") from None
+
+
 def shard_path(out: Path, shard: dict[str, Any]) -> Path:
     return out / "shards" / f"{shard['id']}.json"
 
@@ -697,6 +758,8 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
         raise BadInputError(f"workers must be a positive integer, got {workers!r}.")
     if max_shards is not None and max_shards < 0:
         raise BadInputError(f"max_shards must be 0 or more, got {max_shards}.")
+    if ray_address is not None:
+        check_ray_address(ray_address)
     folder = check_writable(out)
     check_no_links(folder, ["shards", ATLAS_RUNS, *spec.jobs])
     shards = make_shards(spec)

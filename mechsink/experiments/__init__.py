@@ -69,14 +69,19 @@ class Experiment:
         """Command-line options (``--seq-len 32 --positions 8 16``) as ``run``'s settings, typed
         by its signature; an unknown option or a bad value is a :class:`BadInputError`."""
         known = self.settings()
+        given = ("model_name", "work_dir")  # the model argument; --out (locked, one writer)
         out: dict[str, Any] = {}
         key: str | None = None
         for arg in args:
             if arg.startswith("--"):
                 key = arg[2:].replace("-", "_")
-                if key not in known or key == "model_name":
+                if key == "work_dir" and key in known:
+                    raise BadInputError(f"{self.name} has no option {arg}: it writes its "
+                                        "runs under --out (one folder, locked while it runs): "
+                                        "give --out DIR.")
+                if key not in known or key in given:
                     options = ", ".join("--" + k.replace("_", "-") for k in known
-                                        if k != "model_name")
+                                        if k not in given)
                     raise BadInputError(f"{self.name} has no option {arg}: its options are "
                                         f"{options}.")
                 out[key] = []

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.discover.node_search import minimal_circuit, single_effects
+from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
@@ -129,6 +130,10 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
     include 0 and 1).
     """
     check_experiment_settings("p0_sink", locals())  # before any work, as the CLI does
+    if layers is not None and layers > int(model.cfg.n_layers):  # never clamped silently
+        raise BadInputError(f"p0_sink --layers {layers} is more than the model's "
+                            f"{int(model.cfg.n_layers)} layers: give --layers "
+                            f"{int(model.cfg.n_layers)} or fewer.")
     prompts = {v: make_prompts(model, "natural", v, n=n, seq_len=seq_len).tokens
                for v in ("bos", "nobos", "randfirst")}
     tokens = prompts["bos"]

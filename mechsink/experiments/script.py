@@ -75,8 +75,13 @@ def main(name: str, description: str, argv: Sequence[str] | None = None) -> Expe
     out = args.pop("out")
     if experiment.needs_model:
         from mechsink.model import load_model
+        from mechsink.settings import check_experiment_settings
 
         model_name = args.pop("model")
+        settings = {k: v for k, v in args.items() if k not in ("device", "seed")}
+        # every setting against the model's config before its weights load (run() checks
+        # again, without the config)
+        check_experiment_settings(name, settings, model=model_name)
         model = load_model(model_name, device=args.pop("device"), seed=args.pop("seed"))
         result = experiment.run(model, model_name=model_name, **args)
     else:

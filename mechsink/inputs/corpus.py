@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from functools import lru_cache
 
+from mechsink.errors import BadInputError
 from mechsink.model import assets
 from mechsink.model.assets import Asset
 
@@ -29,6 +30,19 @@ WIKI_EXTRACT = Asset(
 )
 
 MIN_PARAGRAPH_CHARS = 200  # shorter wiki paragraphs are mostly captions, lists or leftovers
+# len(natural_documents()): the files are pinned by sha256, so the count is too (a test
+# recounts it); known without parsing 6 MB of XML, so a request can be checked before any work
+NATURAL_TEXTS = 4428
+
+
+def check_corpus_size(n: int, option: str = "--n") -> None:
+    """``n`` natural texts are at most what the corpus holds (fewer are long enough for a
+    long ``seq_len``: the prompts say so once they are tokenised)."""
+    if n > NATURAL_TEXTS:
+        raise BadInputError(
+            f"{option} {n} is more than the natural corpus holds ({NATURAL_TEXTS} texts, fewer "
+            f"of them long enough for long sequences): give {option} {NATURAL_TEXTS} or less, "
+            "or use the random or repeated suite.")
 
 
 @dataclass(frozen=True)

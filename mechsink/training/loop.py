@@ -42,6 +42,7 @@ from mechsink.model.variants import (
     apply_headwise_rmsnorm,
 )
 from mechsink.model.zoo import load_weights, organism_recipe, save_organism, seeded_model
+from mechsink.settings import check_seed
 
 RUN_FORMAT = "mechsink-run/1"
 __all__ = ["RECIPES", "Recipe", "get_recipe", "train", "train_step", "checkpoint_steps",
@@ -184,6 +185,8 @@ def train(
     continues from its last checkpoint.
     """
     data_seed = seed if data_seed is None else data_seed
+    check_seed(seed, "seed (--seed)")  # before anything is written: numpy's seeds are 32-bit
+    check_seed(data_seed, "data_seed")
     recipe = get_recipe(recipe) if isinstance(recipe, str) else recipe
     total = recipe.steps if steps is None else steps
     if total <= 0:

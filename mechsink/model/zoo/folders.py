@@ -3,6 +3,8 @@ that would load with a made-up tokenizer or weights that do not match its config
 
 from __future__ import annotations
 
+import pickle
+import re
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,17 @@ def load_weights(model: nn.Module, folder: Path) -> nn.Module:
     return model
 
 
+def refused_pickle(ref: str, exc: Exception) -> str:
+    """One line for a pickled weights file that ``torch.load(weights_only=True)`` refused: it
+    names what the pickle asked for and says that none of it ran."""
+    found = re.search(r"GLOBAL (\S+)", str(exc))
+    what = f" (it asks for {found.group(1)})" if found else ""
+    return (f"{ref}: its pickled weights (a .bin file) were refused{what}: they hold "
+            "more than tensors, and mechsink loads pickles with torch.load(weights_only=True), "
+            "so none of its code ran. Use a copy of the model saved as model.safetensors, or "
+            "load it yourself only if you trust its source.")
+
+
 def from_hub_or_folder(ref: str, dtype: torch.dtype,
                        own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
     """``hf:<ref>``: a local folder, or a hub id transformers can load."""
@@ -134,6 +147,8 @@ def from_hub_or_folder(ref: str, dtype: torch.dtype,
         check_tokenizer_files(folder)  # before the weights load: a clear error, fast
     try:
         return from_folder(folder or ref, dtype, own_tokenizer)  # type: ignore[arg-type]
+    except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) refused a payload
+        raise MechsinkError(refused_pickle(ref, exc)) from None
     except (OSError, ValueError) as exc:
         raise MechsinkError(
             f"transformers could not load {ref!r}: {exc}\n"
