@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from mechsink.discover.run import GraphRun, graph_mode
+from mechsink.measure.wide import wide
 from mechsink.model import act_name, run_from_layer
 from mechsink.patching import plan
 
@@ -39,9 +40,7 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
         n_s = g.n_senders_before(g.receivers[cols["q"][0]])
         base = run.clean.acts[act_name("pattern", layer)]
         for kind in ("q", "k"):
-            patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
-            per_head = torch.einsum("cbhij,bhij->ch", (patterns - base).double(),
-                                    grad.double())
+            per_head = _pattern_scores(run, layer, kind, n_s, base, grad)  # [sender, head]
             if kind == "k":
                 per_head = per_head.view(n_s, g.n_kv, group).sum(-1)
             for j, col in enumerate(cols[kind]):
@@ -53,16 +52,26 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
     return out
 
 
-def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
-    """Layer ``layer``'s patterns with sender ``c``'s corrupted write added to every head's
-    ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``."""
+def _pattern_scores(run: GraphRun, layer: int, kind: str, n_s: int, base: Tensor,
+                    grad: Tensor) -> Tensor:
+    """``sum (A_patched - A_clean) * dm/dA`` per sender and head, ``[sender, head]``
+    (float64): layer ``layer``'s patterns with sender ``c``'s corrupted write added to every
+    head's ``kind`` input, for each of the first ``n_s`` senders, in chunks of senders within
+    the memory budget (each sender's patterns ``[batch, head, q, k]`` are reduced as soon as
+    they are computed, never held for every sender at once)."""
     model, b = run.model, run.batch
     resid = run.clean.acts[act_name("resid_pre", layer)]
-    per = plan.copies_per_batch(model, b, run.seq_len, 0, 0,
-                                  memory_budget=run.memory_budget)
+    # a chunk's copies: their forward's activations, and their patterns in float64 twice
+    # (the difference and the product's operand)
+    extra = 2 * base.numel() * 8
+    per_copy = plan.bytes_per_copy(model, b, run.seq_len, 0, 0) + extra
+    per = max(1, min(plan.copies_per_batch(model, b, run.seq_len, 0, 0,
+                                           memory_budget=run.memory_budget),
+                     run.memory_budget // per_copy))
     hook_in = act_name(f"hook_{kind}_input", layer)
     pattern = act_name("pattern", layer)
-    chunks = []
+    grad64, base_w = grad.double(), wide(base)
+    out = []
     with torch.no_grad(), graph_mode(model):
         for lo in range(0, n_s, per):
             senders = list(range(lo, min(n_s, lo + per)))
@@ -77,5 +86,7 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
 
             run_from_layer(model, resid.repeat(len(senders), 1, 1), layer,
                            fwd_hooks=[(hook_in, patch), (pattern, keep)], stop_after=[pattern])
-            chunks.append(got["p"].view(len(senders), b, *got["p"].shape[1:]))
-    return torch.cat(chunks)
+            patterns = got.pop("p").view(len(senders), b, *base.shape[1:])
+            out.append(torch.einsum("cbhij,bhij->ch", (wide(patterns) - base_w).double(),
+                                    grad64))
+    return torch.cat(out)
