@@ -106,3 +106,27 @@ def test_discovery_within_the_budget_runs(llama_tiny):
     with pytest.raises(BadInputError, match="over the memory budget"):
         GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, memory_budget=need - 1,
                  prepend_bos=True)
+
+
+def test_measure_forward_chunks_within_the_budget(gpt2_tiny, monkeypatch):
+    from mechsink.measure import sink_scores
+    from mechsink.measure.forward import bytes_per_sequence, measure_forward, of_cache
+
+    tokens = torch.randint(1, 1000, (6, 10), generator=torch.Generator().manual_seed(0))
+    wanted = {"s": of_cache(("attn.hook_pattern",), lambda cache: sink_scores(cache, 0))}
+    sizes: list[int] = []
+    real = gpt2_tiny.run_with_cache
+
+    def counted(chunk, **kw):
+        sizes.append(int(chunk.shape[0]))
+        return real(chunk, **kw)
+
+    monkeypatch.setattr(gpt2_tiny, "run_with_cache", counted)
+    whole = measure_forward(gpt2_tiny, tokens, wanted, memory_budget="1GiB")["s"]
+    assert sizes == [6]
+    per = bytes_per_sequence(gpt2_tiny, [f"blocks.{i}.attn.hook_pattern" for i in range(2)],
+                             10, False)
+    sizes.clear()
+    parts = measure_forward(gpt2_tiny, tokens, wanted, batch_size=4, memory_budget=2 * per)["s"]
+    assert sizes == [2, 2, 2]
+    torch.testing.assert_close(parts.gu, whole.gu, rtol=0, atol=1e-6)

@@ -53,12 +53,15 @@ def read_with_edits(
     edits: Sequence[Intervention] = (),
     *,
     batch_size: int | None = None,
+    memory_budget: Any = None,
 ) -> dict[str, Any]:
     """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
-    chunk (removed afterwards, also when a chunk raises)."""
+    chunk (removed afterwards, also when a chunk raises); chunks stay within ``memory_budget``
+    (default: a share of the device's free memory)."""
     check_supported(model, "interventions")
     with applied(model, list(edits)), guard_overflow(model):
-        return measure_forward(model, tokens, measurements, batch_size=batch_size)
+        return measure_forward(model, tokens, measurements, batch_size=batch_size,
+                               memory_budget=memory_budget)
 
 
 def resid_at(n_layers: int, position: int, channels: int | list[int] | None = None
