@@ -130,3 +130,31 @@ def test_measure_forward_chunks_within_the_budget(gpt2_tiny, monkeypatch):
     parts = measure_forward(gpt2_tiny, tokens, wanted, batch_size=4, memory_budget=2 * per)["s"]
     assert sizes == [2, 2, 2]
     torch.testing.assert_close(parts.gu, whole.gu, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("command", [
+    ["discover", "no-such-model", "--metric", "sink_score:1"],
+    ["patch", "no-such-model", "--clean", "a b", "--corrupted", "c d", "--metric",
+     "sink_score:1"]])
+def test_a_bad_memory_budget_is_refused_before_loading(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "o"),
+                                      "--memory-budget", "lots"])
+    assert result.exit_code == 2 and "--memory-budget" in result.output, result.output
+
+
+def test_discover_over_the_budget_is_one_line_before_scoring(tmp_path):
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+
+    result = CliRunner().invoke(app, [
+        "discover", "random:llama-tiny", "--metric", "massive_value:1:0:3", "--method", "eap",
+        "--n", "2", "--seq-len", "6", "--out", str(tmp_path / "o"), "--memory-budget", "4KiB"])
+    assert result.exit_code == 2, result.output
+    assert "over the memory budget of 4 KiB" in result.output
+    assert "--memory-budget" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o" / "discover.json").exists()
