@@ -450,9 +450,11 @@ def as_metric(metric: Metric | Callable[[Tensor], Tensor] | str, model: Any = No
     )
 
 
-def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
+def check_value(value: Any, where: str, metric: Any = None,
+                dtype: torch.dtype | None = None) -> Tensor:
     """The metric's value as a 0-d float tensor; a clear error (naming the metric and what it
-    returned) if it is not a finite real scalar."""
+    returned) if it is not a finite real scalar. ``dtype``: the model's (a metric reduces in
+    float32, so its value's own dtype does not say that the model ran in half precision)."""
     name = "the metric" if metric is None else f"the metric {getattr(metric, 'name', metric)!r}"
     if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)):
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
@@ -471,7 +473,7 @@ def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
     if not torch.isfinite(t):
         raise BadInputError(
             f"{name} returned {t.item()} {where}: it must be finite (check for log(0), "
-            "division by zero or an empty selection)." + overflow_advice(t.dtype)
+            "division by zero or an empty selection)." + overflow_advice(dtype or t.dtype)
         )
     return t.detach().to(torch.float64)
 
