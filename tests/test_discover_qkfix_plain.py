@@ -32,10 +32,10 @@ def test_plain_qk_fix_equals_graph_mode(request, monkeypatch, which, metric, cor
     grads = clean_gradients(run)
     values = torch.zeros(run.graph.n_edges, dtype=torch.float64)
     plain = qk_fixed(run, values, grads)
-    plain_p = _patched_patterns(run, 1, "k", 5)
+    plain_p = _patched_patterns(run, 1, "k", list(range(5)))
     monkeypatch.setattr(plain_grads, "ENABLED", False)
     forked = qk_fixed(run, values, grads)
-    forked_p = _patched_patterns(run, 1, "k", 5)
+    forked_p = _patched_patterns(run, 1, "k", list(range(5)))
     torch.testing.assert_close(plain_p, forked_p, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(plain, forked, rtol=1e-5, atol=1e-7)
     assert plain.abs().max() > 0
@@ -49,7 +49,7 @@ def test_query_edges_move_no_pattern_when_only_position_0_is_corrupted(llama_tin
     for layer in range(run.graph.n_layers):
         n_s = run.graph.n_senders_before(next(r for r in run.graph.receivers
                                               if r.kind == "q" and r.layer == layer))
-        moved = _patched_patterns(run, layer, "q", n_s)
+        moved = _patched_patterns(run, layer, "q", list(range(n_s)))
         base = run.clean.acts[f"blocks.{layer}.attn.hook_pattern"]
         torch.testing.assert_close(moved, base.expand_as(moved), rtol=0, atol=1e-6)
-        assert (_patched_patterns(run, layer, "k", n_s) - base).abs().max() > 1e-4
+        assert (_patched_patterns(run, layer, "k", list(range(n_s))) - base).abs().max() > 1e-4

@@ -374,11 +374,15 @@ def patch(
     prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
+    memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes of "
+                                             "activations to plan for, e.g. 2GiB or 512MiB "
+                                             "(default: a share of the device's free memory)"),
 ) -> None:
     """Activation-patch SITE between two prompts; write the result JSON and a heatmap."""
     from mechsink.io import check_writable
     from mechsink.model import check_seq_len
     from mechsink.model import to_tokens as _to_tokens
+    from mechsink.model.memory import parse_size
     from mechsink.model.zoo import load_model
     from mechsink.patching import activation_patch, parse_metric, parse_site
 
@@ -389,6 +393,7 @@ def patch(
         settings.check_text(corrupted, "--corrupted")
         settings.check_metric(metric)  # bare logit_diff needs the model's predictions
         settings.check_direction(direction)
+        budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
         check_context(model, 1, "--clean")  # the name, before the model loads
         tok = settings.model_tokenizer(model)  # no weights needed
@@ -408,7 +413,8 @@ def patch(
             the_metric = parse_metric(metric, bridge, c, x)
             with console.status(f"patching {the_site.label}"):
                 result = activation_patch(bridge, c, x, the_site, the_metric,
-                                          direction=direction, normalize=normalize)
+                                          direction=direction, normalize=normalize,
+                                          memory_budget=budget)
         except MechsinkError as exc:
             fail(exc)
         result.meta["model"] = model
@@ -643,6 +649,9 @@ def discover(
     export: str = typer.Option("", help="also write the circuit as edge lists other tools read: "
                                "tsv and/or json (comma-separated; edges.tsv, edges.json in "
                                "--out: auto-circuit and ACDC names, with scores)"),
+    memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes of "
+                                             "activations to plan for, e.g. 2GiB or 512MiB "
+                                             "(default: a share of the device's free memory)"),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
@@ -652,6 +661,7 @@ def discover(
     from mechsink.discover.pipeline import check_selection
     from mechsink.io import check_writable
     from mechsink.model import load_model
+    from mechsink.model.memory import parse_size
     from mechsink.patching import parse_metric
     from mechsink.viz.discover import draw_discovery
 
@@ -667,6 +677,7 @@ def discover(
         _check_no_empty_prompt(clean, corrupted)
         check_selection(edges, target)  # --edges against the graph's size once it is built
         neuron_map = parse_neurons(neurons)
+        budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
         check_context(model, seq_len, "--seq-len")
         formats = _export_formats(export)
@@ -701,7 +712,7 @@ def discover(
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
                                       seed=discovery_seed, neurons=neuron_map,
-                                      convention=convention)
+                                      convention=convention, memory_budget=budget)
             found.meta["model"] = model
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)

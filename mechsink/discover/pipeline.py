@@ -132,6 +132,7 @@ def discover(
     seed: int = 0,
     neurons: Mapping[int, Sequence[int]] | str | None = None,
     convention: str = "mechsink",
+    memory_budget: int | str | None = None,
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
@@ -142,14 +143,18 @@ def discover(
     neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
     the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
     points and sums as the reference implementation computes them
-    (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers."""
+    (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers.
+    ``memory_budget``: bytes (or ``"2GiB"``) the
+    run's tensors may hold (default: a share of what the device has free; a run that cannot
+    fit is refused before any forward, :mod:`mechsink.discover.memory`)."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
     check_selection(n_edges, target)
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
-                   positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons)
+                   positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons,
+                   memory_budget=memory_budget)
     check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
     kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig,
                               "convention": convention})
@@ -167,7 +172,7 @@ def discover(
     for abl in curve_ablations:
         other = GraphRun(model, run.tokens, run.metric, ablation=abl,
                          positions=_positions(run, abl), prepend_bos=False, seed=seed,
-                         neurons=run.graph.neurons)
+                         neurons=run.graph.neurons, memory_budget=run.memory_budget)
         curves.append(curve(other, order, label=method, n_random=n_random, seed=seed))
     meta = {"metric": scores.metric, "method": method, "corruption": scores.settings.get(
         "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges,

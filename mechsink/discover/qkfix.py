@@ -22,6 +22,7 @@ from torch import Tensor
 
 from mechsink.discover import plain_grads
 from mechsink.discover.run import GraphRun, graph_mode
+from mechsink.measure.wide import wide
 from mechsink.model import act_name, block_norm, has_learned_sink, run_from_layer
 from mechsink.patching import plan
 
@@ -52,9 +53,7 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
                 # its query): no pattern changes, the edge's score is 0
                 per_head = torch.zeros(n_s, g.n_heads, dtype=torch.float64)
             else:
-                patterns = _patched_patterns(run, layer, kind, n_s)  # [sender, batch, head, q, k]
-                per_head = torch.einsum("cbhij,bhij->ch", (patterns - base).double(),
-                                        grad.double())
+                per_head = _pattern_scores(run, layer, kind, n_s, base, grad)  # [sender, head]
             if kind == "k":
                 per_head = per_head.view(n_s, g.n_kv, group).sum(-1)
             for j, col in enumerate(cols[kind]):
@@ -66,9 +65,31 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
     return out
 
 
-def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
+def _pattern_scores(run: GraphRun, layer: int, kind: str, n_s: int, base: Tensor,
+                    grad: Tensor) -> Tensor:
+    """``sum (A_patched - A_clean) * dm/dA`` per sender and head, ``[sender, head]``
+    (float64), from :func:`_patched_patterns` in chunks of senders within the memory budget
+    (each chunk's patterns reduced as soon as they are computed, never held for every sender
+    at once)."""
+    b = run.batch
+    # a chunk's copies: their forward's activations, and their patterns in float64 twice
+    # (the difference and the product's operand)
+    per_copy = plan.bytes_per_copy(run.model, b, run.seq_len, 0, 0) + 2 * base.numel() * 8
+    per = max(1, min(plan.copies_per_batch(run.model, b, run.seq_len, 0, 0,
+                                           memory_budget=run.memory_budget,
+                                           tokens_per_batch=TOKENS_PER_RUN),
+                     run.memory_budget // per_copy))
+    grad64, base_w = grad.double(), wide(base)
+    out = []
+    for lo in range(0, n_s, per):
+        patterns = _patched_patterns(run, layer, kind, list(range(lo, min(n_s, lo + per))))
+        out.append(torch.einsum("cbhij,bhij->ch", (wide(patterns) - base_w).double(), grad64))
+    return torch.cat(out)
+
+
+def _patched_patterns(run: GraphRun, layer: int, kind: str, senders: list[int]) -> Tensor:
     """Layer ``layer``'s patterns with sender ``c``'s corrupted write added to every head's
-    ``kind`` input, for each of the first ``n_s`` senders: ``[sender, batch, head, q, k]``.
+    ``kind`` input, for each of ``senders``: ``[sender, batch, head, q, k]`` (one run).
 
     Where every layer's ``attn.hook_q/k`` is its ``ln1`` output's projection
     (:attr:`GraphRun.head_projections`), the layer runs plainly with the projected change
@@ -76,37 +97,29 @@ def _patched_patterns(run: GraphRun, layer: int, kind: str, n_s: int) -> Tensor:
     exact edge patch's closed form; otherwise in graph mode, each head reading its own copy."""
     model, b = run.model, run.batch
     resid = run.clean.acts[act_name("resid_pre", layer)]
-    per = plan.copies_per_batch(model, b, run.seq_len, 0, 0, memory_budget=run.memory_budget,
-                                tokens_per_batch=TOKENS_PER_RUN)
     weights = run.head_projections if plain_grads.ENABLED else None
     pattern = act_name("pattern", layer)
+    copies = resid.repeat(len(senders), 1, 1)
+    add = run.edge_delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
     if weights is None:
         hook_in, mode = act_name(f"hook_{kind}_input", layer), graph_mode(model)
+        add = add.unsqueeze(2)  # every head's own copy of its input
     else:
         hook_in, mode = act_name(kind, layer), plain_grads.mlp_in_only(model)
-        norm = block_norm(model, layer, "ln1")
-        w = weights[kind][layer]
-    chunks = []
+    got: dict[str, Tensor] = {}
+
+    def patch(act: Tensor, hook: Any) -> Tensor:
+        return act + add.to(act.dtype)  # a post-norm's writes: float32
+
+    def keep(act: Tensor, hook: Any) -> None:
+        got["p"] = act
+
     with torch.no_grad(), mode:
-        base = None if weights is None else norm(resid)
-        for lo in range(0, n_s, per):
-            senders = list(range(lo, min(n_s, lo + per)))
-            add = run.edge_delta[:, :, senders].permute(2, 0, 1, 3).flatten(0, 1)  # [c*b, s, d]
-            copies = resid.repeat(len(senders), 1, 1)
-            if weights is not None:  # the change of every head's query / key
-                moved = norm(copies + add.to(copies.dtype)) - base.repeat(len(senders), 1, 1)
-                add = torch.einsum("bpd,hde->bphe", moved, w)
-            else:
-                add = add.unsqueeze(2)  # every head's own copy of its input
-            got: dict[str, Tensor] = {}
-
-            def patch(act: Tensor, hook: Any, add: Tensor = add) -> Tensor:
-                return act + add.to(act.dtype)  # a post-norm's writes: float32
-
-            def keep(act: Tensor, hook: Any, got: dict[str, Tensor] = got) -> None:
-                got["p"] = act
-
-            run_from_layer(model, copies, layer, fwd_hooks=[(hook_in, patch), (pattern, keep)],
-                           stop_after=[pattern])
-            chunks.append(got["p"].view(len(senders), b, *got["p"].shape[1:]))
-    return torch.cat(chunks)
+        if weights is not None:  # the change of every head's query / key
+            norm = block_norm(model, layer, "ln1")
+            base = norm(resid).repeat(len(senders), 1, 1)
+            moved = norm(copies + add.to(copies.dtype)) - base
+            add = torch.einsum("bpd,hde->bphe", moved, weights[kind][layer])
+        run_from_layer(model, copies, layer, fwd_hooks=[(hook_in, patch), (pattern, keep)],
+                       stop_after=[pattern])
+    return got["p"].view(len(senders), b, *got["p"].shape[1:])

@@ -50,10 +50,12 @@ from torch import Tensor
 
 from mechsink.discover import plain_grads
 from mechsink.discover.graph import Graph, metric_point
+from mechsink.discover.memory import check_fits
 from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, block_norm, down_projection, hook_names, write_in_place
+from mechsink.model.memory import memory_budget as resolve_budget
 from mechsink.model.support import architecture, check_supported
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
@@ -148,7 +150,7 @@ class GraphRun:
         positions: Sequence[int] | None = None,
         prepend_bos: bool | None = None,
         seed: int = 0,
-        memory_budget: int | None = None,
+        memory_budget: int | str | None = None,
         neurons: Mapping[int, Sequence[int]] | str | None = None,
     ) -> None:
         check_supported(model, "discover")
@@ -158,7 +160,9 @@ class GraphRun:
                                 "not neither.")
         self.model = model
         self.ablation = abl
-        self.memory_budget = memory_budget
+        #: bytes of activations this run's chunks may hold (what the device has free unless
+        #: given: :func:`mechsink.model.memory.memory_budget`), read once
+        self.memory_budget: int = resolve_budget(model, memory_budget)
         if neurons and act_name("ln2_post.hook_scale", 0) in hook_names(model):
             raise BadInputError(
                 f"{architecture(model)} normalises each MLP's output before it joins the "
@@ -178,6 +182,8 @@ class GraphRun:
             neurons = super_neuron_nodes(model, tokens, metric_point(model, first_metric))
         self.graph = Graph.build(model, first_metric, neurons)
         self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
+        check_fits(model, batch, seq_len, len(self.graph.senders), self.memory_budget,
+                   post_norm=self.post_norm)  # before any forward
         g = self.graph
         w_out = down_projection(model) if g.neurons else None
         #: layer -> the neuron senders' rows of W_out, ``[neuron, d_model]``
@@ -518,7 +524,7 @@ class GraphRun:
         difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
         its activations; ``injects=False``: a run without injections, its activations
         only)."""
-        budget = self.memory_budget or plan.DEFAULT_MEMORY_BUDGET
+        budget = self.memory_budget
         held = 4 * self.delta.numel() * self.delta.element_size() if injects else 0
         per = held + plan.bytes_per_copy(self.model, self.batch, self.seq_len, 0, -1)
         return max(1, min(32, budget // max(1, per)))

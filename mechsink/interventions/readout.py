@@ -40,6 +40,7 @@ from mechsink.measure.super_neurons import (
     SuperNeuronSet,
     super_neuron_sets,
 )
+from mechsink.measure.wide import wide
 from mechsink.model import act_name, down_projection, down_projection_bias, post_mlp_norms
 from mechsink.model.precision import guard_overflow
 from mechsink.model.support import check_supported
@@ -52,12 +53,15 @@ def read_with_edits(
     edits: Sequence[Intervention] = (),
     *,
     batch_size: int | None = None,
+    memory_budget: Any = None,
 ) -> dict[str, Any]:
     """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
-    chunk (removed afterwards, also when a chunk raises)."""
+    chunk (removed afterwards, also when a chunk raises); chunks stay within ``memory_budget``
+    (default: a share of the device's free memory)."""
     check_supported(model, "interventions")
     with applied(model, list(edits)), guard_overflow(model):
-        return measure_forward(model, tokens, measurements, batch_size=batch_size)
+        return measure_forward(model, tokens, measurements, batch_size=batch_size,
+                               memory_budget=memory_budget)
 
 
 def resid_at(n_layers: int, position: int, channels: int | list[int] | None = None
@@ -145,7 +149,7 @@ def sink_readout(
         s = got[f"sinks@{k}"]
         scores[k], rates[k] = s.score(include_self), s.rate_of(include_self)
         if channel is not None:
-            values[k] = got[f"channel@{k}"].mean(0).cpu()
+            values[k] = wide(got[f"channel@{k}"]).mean(0).cpu()
     return SinkReadout(scores, rates, channel, values, include_self)
 
 
@@ -287,13 +291,13 @@ def dominant_super_neuron(model: Any, tokens: Int[Tensor, "batch pos"]) -> Domin
     got = measure_forward(model, tokens, {
         "spikes": of_cache(SPIKE_HOOKS, lambda cache: mlp_spikes(cache, w_out)),
         "resid": resid_at(n_layers, 0)})
-    spikes, resid = got["spikes"], got["resid"]  # resid: [batch, layer, d_model]
-    strength = (spikes.in_value.abs() * (spikes.in_pos == 0)).mean(0)  # per layer
+    spikes, resid = got["spikes"], wide(got["resid"])  # resid: [batch, layer, d_model]
+    strength = (wide(spikes.in_value).abs() * (spikes.in_pos == 0)).mean(0)  # per layer
     layer = int(strength.argmax())
     neuron = int(torch.mode(spikes.in_neuron[:, layer]).values)
     channel = int(torch.mode(spikes.out_channel[:, layer]).values)
     return DominantSuperNeuron(
-        layer, neuron, channel, spikes.in_value[:, layer].abs().mean().item(),
+        layer, neuron, channel, wide(spikes.in_value[:, layer]).abs().mean().item(),
         resid[..., channel].mean(0).tolist(), resid.abs().median(-1).values.mean(0).tolist())
 
 

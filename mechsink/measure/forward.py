@@ -21,6 +21,8 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.measure._cache import CacheLike, StackedCache, hook_names
 from mechsink.measure.checks import check_batch_size
+from mechsink.model import true_dtype
+from mechsink.model.memory import memory_budget as memory_budget_of
 
 ChunkDone = Callable[[int, int], None]  # (sequences done, sequences in all)
 
@@ -70,6 +72,30 @@ def of_cache(hooks: Sequence[str], fn: Callable[[CacheLike], Any],
     return Measurement(tuple(hooks), lambda forward: fn(forward.cache), merge)
 
 
+def bytes_per_sequence(model: Any, names: Sequence[str], seq_len: int, logits: bool) -> int:
+    """About what one sequence adds to a chunk: its cached hooks (twice: as recorded and
+    stacked over layers), its logits and one block's transient activations."""
+    cfg = model.cfg
+    d_model, n_heads = int(cfg.d_model), int(cfg.n_heads)
+    d_head, d_mlp = int(cfg.d_head), int(getattr(cfg, "d_mlp", None) or 4 * d_model)
+    per_token = 0
+    for name in names:
+        last = name.rsplit(".", 1)[-1]
+        if last in ("hook_pattern", "hook_attn_scores"):
+            per_token += n_heads * seq_len
+        elif last in ("hook_q", "hook_k", "hook_v", "hook_z"):
+            per_token += n_heads * d_head
+        elif last == "hook_result":
+            per_token += n_heads * d_model
+        elif name.endswith(("mlp.hook_pre", "mlp.hook_post")):
+            per_token += d_mlp
+        else:
+            per_token += d_model
+    transient = 8 * d_model + 3 * d_mlp + 2 * n_heads * seq_len
+    vocab = int(cfg.d_vocab) if logits else 0
+    return max(1, true_dtype(model).itemsize * seq_len * (2 * per_token + transient + vocab))
+
+
 @torch.no_grad()
 def measure_forward(
     model: Any,
@@ -78,11 +104,15 @@ def measure_forward(
     *,
     batch_size: int | None = None,
     on_chunk: ChunkDone | None = None,
+    memory_budget: Any = None,
 ) -> dict[str, Any]:
     """Run ``tokens`` through ``model`` in chunks of ``batch_size`` sequences (None: one
     forward), caching only the hooks ``measurements`` read, and return each measurement merged
-    over the chunks (keyed as given). Hooks installed on the model (interventions) stay in place
-    for every chunk; ``on_chunk(done, total)`` is called after each."""
+    over the chunks (keyed as given). A chunk is made smaller where its cache would exceed
+    ``memory_budget`` bytes (default: a share of the device's free memory,
+    :func:`mechsink.model.memory.memory_budget`). Hooks installed on the model
+    (interventions) stay in place for every chunk; ``on_chunk(done, total)`` is called after
+    each."""
     check_batch_size(batch_size)
     if not measurements:
         raise BadInputError("measure_forward needs at least one measurement.")
@@ -94,7 +124,9 @@ def measure_forward(
     if tokens.ndim != 2 or n == 0:
         raise BadInputError(f"tokens must be [batch, pos] with at least one sequence, got shape "
                             f"{tuple(tokens.shape)}.")
-    step = n if batch_size is None else batch_size
+    per_seq = bytes_per_sequence(model, names, int(tokens.shape[1]), want_logits)
+    by_memory = max(1, memory_budget_of(model, memory_budget) // per_seq)
+    step = min(n if batch_size is None else batch_size, by_memory)
     parts: dict[str, list[Any]] = {key: [] for key in measurements}
     for start in range(0, n, step):
         chunk = tokens[start:start + step]

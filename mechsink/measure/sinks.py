@@ -24,6 +24,7 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
+from mechsink.measure.wide import wide
 
 HOOKS = ("attn.hook_pattern",)
 DEFAULT_EPS = 0.3
@@ -36,7 +37,8 @@ def sink_score(
     include_self: bool = True,
 ) -> Float[Tensor, "batch head"]:
     """Per sequence and head, the mean attention paid to key ``position`` (default 0) by the
-    queries at (``include_self``, Gu's version, the default) or after it."""
+    queries at (``include_self``, Gu's version, the default) or after it (averaged in float32
+    at least, whatever the pattern's dtype)."""
     key_pos = 0 if position is None else int(position)
     n_query = pattern.shape[-2]
     if not 0 <= key_pos < pattern.shape[-1]:
@@ -49,7 +51,7 @@ def sink_score(
             f"no query comes after position={key_pos} in a sequence of {n_query} tokens: "
             "use a longer sequence or include_self=True."
         )
-    return pattern[..., first:, key_pos].mean(dim=-1)
+    return wide(pattern[..., first:, key_pos]).mean(dim=-1)
 
 
 def check_eps(eps: float) -> None:

@@ -17,6 +17,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, write_in_place
+from mechsink.model.memory import check_budget
 from mechsink.model.support import check_edits_reach, check_hooks_supported, check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine, plan
@@ -41,7 +42,7 @@ def activation_patch(
     ablation: str | Ablation | None = None,
     reference: TokensLike | None = None,
     batch_size: int | None = None,
-    memory_budget: int | None = None,
+    memory_budget: int | str | None = None,
     normalize: bool = False,
     prepend_bos: bool | None = None,
     seed: int = 0,
@@ -55,8 +56,9 @@ def activation_patch(
     ``"batch_mean"`` (the mean over the batch of ``reference``, default the source input),
     ``"position_mean"`` (the run input's mean over the positions the unit does not patch) or
     ``"resample"`` (rows of ``reference`` drawn with ``seed``).
-    ``batch_size`` patches per forward (default: picked from ``memory_budget`` bytes, see
-    :data:`~mechsink.patching.plan.DEFAULT_MEMORY_BUDGET`). ``normalize=True`` rescales
+    ``batch_size`` patches per forward (default: picked from ``memory_budget`` bytes or a size
+    such as ``"2GiB"``; default: :func:`mechsink.model.memory.memory_budget`, a share of what
+    the device has free). ``normalize=True`` rescales
     values so 0 = the run input's metric and 1 = the source input's (denoise: 0 = corrupted,
     1 = clean); it is refused before the sweep when the two differ by float noise only
     (:mod:`mechsink.patching.checks`; ``PatchResult.normalized()`` rescales after the fact). A
@@ -75,6 +77,8 @@ def activation_patch(
                                where="activation_patch")
     abl = as_ablation(ablation, seed=seed)
     engine.check_batch_size(batch_size)
+    if memory_budget is not None:
+        memory_budget = check_budget(memory_budget)  # before any forward
     parsed = parse_site(site)
     if abl is not None and abl.kind == "position_mean" and parsed.family == "pattern":
         raise BadInputError("position_mean ablation needs a site with a position axis; "

@@ -48,6 +48,7 @@ from mechsink.model import (
     run_from_layer,
     run_with_kv,
     to_tokens,
+    true_dtype,
     unembed,
 )
 from mechsink.names import kind_of_hook
@@ -267,11 +268,14 @@ def setup(
                                               last_layer)
         clean_out = outputs_of(model, clean_run, needs)
         ms = tuple(m.bind(clean_out) for m in ms)
-        clean_values = tuple(check_value(m(clean_out), "on the clean run", m) for m in ms)
+        dtype = true_dtype(model)
+        clean_values = tuple(check_value(m(clean_out), "on the clean run", m, dtype)
+                             for m in ms)
         corr_values: tuple[Tensor | None, ...] = tuple(None for _ in ms)
         if corr_run is not None:
             corr_out = outputs_of(model, corr_run, needs)
-            corr_values = tuple(check_value(m(corr_out), "on the corrupted run", m) for m in ms)
+            corr_values = tuple(check_value(m(corr_out), "on the corrupted run", m, dtype)
+                                for m in ms)
     return Setup(model, clean_run, corr_run, ms, needs, clean_values, corr_values)
 
 
@@ -367,6 +371,7 @@ def run_patched(
                 prefix=prefix,  # type: ignore[arg-type]
             )
         acts, logits = _complete(model, base, needs, captured, logits, before, joins, p)
+        dtype = true_dtype(model)  # non-finite values: the advice names the model's dtype
         for i in range(n):
             sel = slice(i * batch, (i + 1) * batch)
             out = Outputs(seq_len, {h: a[sel] for h, a in acts.items()},
@@ -375,7 +380,7 @@ def run_patched(
             for j, metric in enumerate(metrics):
                 value = metric(out)
                 checked = check_value(value.detach() if isinstance(value, Tensor) else value,
-                                      f"{context} (patch {i})", metric)
+                                      f"{context} (patch {i})", metric, dtype)
                 values[j].append(torch.as_tensor(value) if grad else checked)
     return values
 

@@ -4,7 +4,9 @@ A metric declares what it reads (:class:`Needs`: hook names, and which logit pos
 engine caches only those, stops the forward after the last hook it reads, and unembeds only the
 positions a logit metric looks at. Any plain callable ``fn(logits) -> scalar`` (what
 ``transformer_lens.patching`` takes) is wrapped as :class:`LogitsMetric` and sees the full logits.
-Metrics average over the input batch, so every value is one scalar per patch.
+Metrics average over the input batch, so every value is one scalar per patch. The built-in
+metrics reduce in float32 at least whatever the model's dtype (their slice is cast first, see
+:mod:`mechsink.measure.wide`), and a callable on logits receives them in float32 at least.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.measure.sinks import sink_score as _sink_score
+from mechsink.measure.wide import wide
 from mechsink.model import act_name
 from mechsink.model.precision import overflow_advice
 
@@ -157,7 +160,7 @@ class LogitsMetric(Metric):
         return Needs(logits=ALL)
 
     def __call__(self, out: Outputs) -> Any:  # a user's callable: checked by check_value
-        return self.fn(out.logits)
+        return self.fn(None if out.logits is None else wide(out.logits))
 
 
 def _ids(value: Any, what: str) -> int | Tensor:
@@ -224,9 +227,9 @@ def _positions_needed(position: int | Tensor) -> tuple[int, ...]:
 def _read_logits(out: Outputs, position: int | Tensor, metric: str) -> Float[Tensor, "batch vocab"]:
     """The logits each prompt's metric reads: at one position, or at its own position."""
     if isinstance(position, int):
-        return out.logits_at(position)
+        return wide(out.logits_at(position))
     rows = [out.logits_at(int(p))[i] for i, p in enumerate(_per_prompt(position, out, metric))]
-    return torch.stack(rows)
+    return wide(torch.stack(rows))
 
 
 def _per_prompt(values: Tensor, out: Outputs, what: str) -> Tensor:
@@ -396,7 +399,7 @@ class MassiveValue(Metric):
 
     def __call__(self, out: Outputs) -> Tensor:
         p = check_position(self.position, out.seq_len, "massive_value")
-        return out.act(act_name("resid_post", self.layer))[:, p, self.channel].mean()
+        return wide(out.act(act_name("resid_post", self.layer))[:, p, self.channel]).mean()
 
 
 class ResidNorm(Metric):
@@ -418,7 +421,7 @@ class ResidNorm(Metric):
 
     def __call__(self, out: Outputs) -> Tensor:
         p = check_position(self.position, out.seq_len, "resid_norm")
-        return out.act(act_name("resid_post", self.layer))[:, p].norm(dim=-1).mean()
+        return wide(out.act(act_name("resid_post", self.layer))[:, p]).norm(dim=-1).mean()
 
 
 def check_position(position: int, seq_len: int, what: str) -> int:
@@ -447,9 +450,11 @@ def as_metric(metric: Metric | Callable[[Tensor], Tensor] | str, model: Any = No
     )
 
 
-def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
+def check_value(value: Any, where: str, metric: Any = None,
+                dtype: torch.dtype | None = None) -> Tensor:
     """The metric's value as a 0-d float tensor; a clear error (naming the metric and what it
-    returned) if it is not a finite real scalar."""
+    returned) if it is not a finite real scalar. ``dtype``: the model's (a metric reduces in
+    float32, so its value's own dtype does not say that the model ran in half precision)."""
     name = "the metric" if metric is None else f"the metric {getattr(metric, 'name', metric)!r}"
     if isinstance(value, bool) or not isinstance(value, (Tensor, int, float)):
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
@@ -468,7 +473,7 @@ def check_value(value: Any, where: str, metric: Any = None) -> Tensor:
     if not torch.isfinite(t):
         raise BadInputError(
             f"{name} returned {t.item()} {where}: it must be finite (check for log(0), "
-            "division by zero or an empty selection)." + overflow_advice(t.dtype)
+            "division by zero or an empty selection)." + overflow_advice(dtype or t.dtype)
         )
     return t.detach().to(torch.float64)
 

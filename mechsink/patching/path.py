@@ -58,6 +58,7 @@ from mechsink.model import (
     token_strings,
     write_in_place,
 )
+from mechsink.model.memory import check_budget
 from mechsink.model.support import check_supported
 from mechsink.names import Name, explicit_bos
 from mechsink.patching import checks, engine, plan
@@ -89,7 +90,7 @@ def path_patch(
     ablation: str | Ablation | None = None,
     scales: str = "recomputed",
     batch_size: int | None = 16,
-    memory_budget: int | None = None,
+    memory_budget: int | str | None = None,
     prepend_bos: bool | None = None,
     seed: int = 0,
 ) -> PatchResult | list[PatchResult]:
@@ -125,6 +126,8 @@ def path_patch(
         raise BadInputError("give either a corrupted input or an ablation (corrupted=None), "
                             "not both and not neither.")
     engine.check_batch_size(batch_size)
+    if memory_budget is not None:
+        memory_budget = check_budget(memory_budget)  # before any forward
     clean_t = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
     groups, recvs = _nodes(model, senders, receivers, abl, clean_t.shape[1])
     names = _cached_names(model, groups, recvs, scales)

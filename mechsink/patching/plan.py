@@ -13,20 +13,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
-from mechsink.model import capabilities, n_kv_heads, true_d_mlp
+from mechsink.model import capabilities, n_kv_heads, true_d_mlp, true_dtype
+from mechsink.model.memory import memory_budget as resolve_budget
 from mechsink.patching.engine import SPEEDUPS, Setup, last_layer_read
 from mechsink.patching.metrics import ALL, Needs
 
 #: patched tokens per forward the engine aims for (CPU matmuls are efficient from about here;
 #: tuned on a 2-core CPU, see benchmarks/patching.py)
 DEFAULT_TOKENS_PER_BATCH = 512
-
-#: bytes of activations one patched forward may hold at once (the stacked residual, one
-#: block's transient activations, the cached keys/values and the logits it unembeds). 512 MiB
-#: keeps a SmolLM2-135M sweep (model ~0.5 GiB in float32) well under 3 GB.
-DEFAULT_MEMORY_BUDGET = 512 * 2**20
 
 #: a batch may mix patches at different positions (it then starts at the earliest) while it
 #: computes at most this many times the tokens the patches need by themselves
@@ -55,7 +49,7 @@ def bytes_per_copy(model: Any, batch: int, seq_len: int, first: int, logit_posit
     per row; -1 = all suffix positions).
     """
     cfg = model.cfg
-    elt = torch.tensor([], dtype=getattr(cfg, "dtype", torch.float32)).element_size()
+    elt = true_dtype(model).itemsize  # the bridge's cfg.dtype stays float32 in bfloat16
     n_heads, d_head, d_model = int(cfg.n_heads), int(cfg.d_head), int(cfg.d_model)
     d_mlp = int(true_d_mlp(model) or 4 * d_model)  # OPT/XGLM: cfg.d_mlp is not their ffn_dim
     n_layers, vocab = int(cfg.n_layers), int(cfg.d_vocab)
@@ -77,8 +71,9 @@ def copies_per_batch(
     tokens_per_batch: int = DEFAULT_TOKENS_PER_BATCH,
 ) -> int:
     """How many patches to stack in one forward: about ``tokens_per_batch`` patched tokens,
-    never more than ``memory_budget`` bytes of activations (at least one patch)."""
-    budget = DEFAULT_MEMORY_BUDGET if memory_budget is None else memory_budget
+    never more than ``memory_budget`` bytes of activations (at least one patch; default: what
+    the model's device has free, :func:`mechsink.model.memory.memory_budget`)."""
+    budget = resolve_budget(model, memory_budget)
     suffix = max(1, seq_len - first)
     by_tokens = max(1, tokens_per_batch // (batch * suffix))
     by_memory = budget // max(1, bytes_per_copy(model, batch, seq_len, first, logit_positions))
@@ -112,6 +107,7 @@ def chunks(
     one layer each.
     """
     reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
+    memory_budget = resolve_budget(model, memory_budget)  # read once: the plan is one plan
     n_logits = logit_positions(s.needs)
     last = last_layer_read(model, s.needs)
     first = {u: first_position(u) if reuse else 0 for u in units}

@@ -1,0 +1,118 @@
+"""The memory budget: how many bytes of activations one call may hold, from what the device has.
+
+Every memory-hungry path (the patching planner's stacked copies, discovery's per-sender
+tensors, the census chunks, the readout under edits) sizes its work by one number,
+:func:`memory_budget`: an explicit ``memory_budget=`` (``--memory-budget 2GiB``) when given,
+otherwise a fraction of what the model's device has free once the model is loaded:
+
+- CPU: :data:`CPU_FRACTION` of the kernel's ``MemAvailable`` (``/proc/meminfo``; psutil
+  where there is no such file). A quarter: the planners count the activations of one forward,
+  not the allocator's slack, autograd's saved tensors or the other programs that share the
+  machine meanwhile;
+- CUDA: :data:`CUDA_FRACTION` of ``torch.cuda.mem_get_info``'s free bytes: the device is
+  usually this process's own, but the caching allocator fragments and cuBLAS needs workspace;
+
+never below :data:`FLOOR` (a nearly full machine still runs one copy at a time rather than
+being refused everything) nor above :data:`CAP` (more copies than that no longer make a
+forward faster, and one allocation of tens of GB is what a transient spike elsewhere turns
+into an out-of-memory kill).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from mechsink.errors import BadInputError
+
+MiB, GiB = 2**20, 2**30
+CPU_FRACTION = 0.25
+CUDA_FRACTION = 0.5
+FLOOR = 256 * MiB
+CAP = 16 * GiB
+#: where the kernel says how much memory it can give without swapping
+MEMINFO = "/proc/meminfo"
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+          "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 2**10, "mib": MiB, "gib": GiB,
+          "tib": 2**40}
+
+
+def free_memory(device: torch.device | str | None = None) -> int | None:
+    """Bytes the device has free now (None when it cannot be read): CUDA's free device
+    memory, or the CPU's available memory (what the kernel can give without swapping)."""
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        return int(free)
+    if dev.type != "cpu":
+        return None
+    try:
+        with open(MEMINFO, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def derived_budget(device: torch.device | str | None = None) -> int:
+    """The budget taken from what ``device`` has free (see the module's rules)."""
+    dev = torch.device("cpu" if device is None else device)
+    free = free_memory(dev)
+    if free is None:
+        return FLOOR
+    fraction = CUDA_FRACTION if dev.type == "cuda" else CPU_FRACTION
+    return int(min(CAP, max(FLOOR, fraction * free)))
+
+
+def model_device(model: Any) -> torch.device:
+    """Where ``model``'s weights are (CPU when it holds none)."""
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+def check_budget(value: Any, what: str = "memory_budget") -> int:
+    """A positive number of bytes: an int, or a size such as ``"2GiB"`` (:func:`parse_size`)."""
+    if isinstance(value, str):
+        return parse_size(value, what)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise BadInputError(f"{what} must be a positive number of bytes (or a size such as "
+                            f"'2GiB'), got {value!r}.")
+    return value
+
+
+def memory_budget(model: Any, budget: Any = None) -> int:
+    """``budget`` when given (checked), else :func:`derived_budget` of ``model``'s device."""
+    if budget is not None:
+        return check_budget(budget)
+    return derived_budget(model_device(model))
+
+
+def parse_size(text: str, what: str = "--memory-budget") -> int:
+    """Bytes from ``512MiB``, ``2GiB``, ``1.5GB`` or a plain number of bytes (binary units
+    KiB/MiB/GiB/TiB, decimal KB/MB/GB/TB; case and a space before the unit do not matter)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise BadInputError(f"{what} must be a size such as 512MiB, 2GiB or a number of "
+                            f"bytes, got {text!r}.")
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise BadInputError(f"{what} must be at least one byte, got {text!r}.")
+    return value
+
+
+def format_size(n: int | float) -> str:
+    """``n`` bytes for a message: ``1.5 GiB``, ``300 MiB``, ``12 KiB``."""
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,160 @@
+"""The memory budget derived from the machine (faked free memory), its override, and what
+plans by it: the patching planner and edge discovery's refusal before any forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mechsink.discover import GraphRun
+from mechsink.discover.memory import held_bytes
+from mechsink.errors import BadInputError
+from mechsink.model import memory
+from mechsink.patching import LogitDiff, engine, plan
+
+GiB, MiB = 2**30, 2**20
+
+
+def _meminfo(tmp_path, monkeypatch, available_kib: int) -> None:
+    path = tmp_path / "meminfo"
+    path.write_text(f"MemTotal:       32000000 kB\nMemFree:         1000000 kB\n"
+                    f"MemAvailable:   {available_kib} kB\nBuffers:          100 kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", str(path))
+
+
+def test_cpu_budget_is_a_quarter_of_available_memory(tmp_path, monkeypatch):
+    _meminfo(tmp_path, monkeypatch, 8 * 2**20)  # 8 GiB available
+    assert memory.free_memory("cpu") == 8 * GiB
+    assert memory.derived_budget("cpu") == 2 * GiB
+    _meminfo(tmp_path, monkeypatch, 100 * 2**10)  # 100 MiB: the floor
+    assert memory.derived_budget("cpu") == memory.FLOOR == 256 * MiB
+    _meminfo(tmp_path, monkeypatch, 1024 * 2**20)  # 1 TiB: the cap
+    assert memory.derived_budget("cpu") == memory.CAP == 16 * GiB
+
+
+def test_cuda_budget_is_half_the_free_device_memory(monkeypatch):
+    seen = []
+
+    def fake_mem_get_info(device=None):
+        seen.append(torch.device(device))
+        return 6 * GiB, 24 * GiB
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", fake_mem_get_info)
+    assert memory.derived_budget("cuda:0") == 3 * GiB
+    assert seen == [torch.device("cuda:0")]
+
+
+def test_an_explicit_budget_wins_and_is_checked(gpt2_tiny, tmp_path, monkeypatch):
+    _meminfo(tmp_path, monkeypatch, 8 * 2**20)
+    assert memory.memory_budget(gpt2_tiny) == 2 * GiB  # a CPU model: the CPU's memory
+    assert memory.memory_budget(gpt2_tiny, 12345) == 12345
+    assert memory.memory_budget(gpt2_tiny, "3GiB") == 3 * GiB
+    for bad in (0, -5, True, 1.5, "lots", "2 parsecs"):
+        with pytest.raises(BadInputError, match="memory_budget|size"):
+            memory.memory_budget(gpt2_tiny, bad)
+
+
+@pytest.mark.parametrize(("text", "size"), [
+    ("2GiB", 2 * GiB), ("512MiB", 512 * MiB), ("512mib", 512 * MiB), ("1.5 GiB", 3 * GiB // 2),
+    ("1GB", 10**9), ("4096", 4096), ("64KiB", 65536)])
+def test_sizes_are_read(text, size):
+    assert memory.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "2 XB", "0", "1e9"])
+def test_bad_sizes_are_one_line_errors(text):
+    with pytest.raises(BadInputError, match="--memory-budget"):
+        memory.parse_size(text)
+
+
+def test_the_planner_follows_the_free_memory(llama_tiny, tmp_path, monkeypatch):
+    per = plan.bytes_per_copy(llama_tiny, 1, 64, 0, -1)
+    _meminfo(tmp_path, monkeypatch, 4 * 2**10)  # 4 MiB free: the floor, 256 MiB
+    floor = plan.copies_per_batch(llama_tiny, 1, 64, 0, -1, tokens_per_batch=10**9)
+    assert floor == memory.FLOOR // per
+    _meminfo(tmp_path, monkeypatch, 16 * 2**20)  # 16 GiB: 4 GiB of budget
+    more = plan.copies_per_batch(llama_tiny, 1, 64, 0, -1, tokens_per_batch=10**9)
+    assert more == 4 * GiB // per > floor
+    assert plan.copies_per_batch(llama_tiny, 1, 64, 0, -1, memory_budget=3 * per,
+                                 tokens_per_batch=10**9) == 3
+
+
+CLEAN = "The cat sat on the mat because it was tired"
+CORR = "The dog sat on the mat because it was hungry"
+
+
+def test_discovery_over_the_budget_is_refused_before_any_forward(llama_tiny, monkeypatch):
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward ran before the refusal")
+
+    monkeypatch.setattr(engine, "setup", no_forward)
+    with pytest.raises(BadInputError, match=r"would hold about .* over the memory budget of "
+                       r"1 KiB: lower --n or --seq-len .* --memory-budget"):
+        GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, memory_budget="1KiB",
+                 prepend_bos=True)
+
+
+def test_discovery_within_the_budget_runs(llama_tiny):
+    tokens = engine.as_tokens(llama_tiny, CLEAN, prepend_bos=True)
+    n_senders = 1 + 2 * (int(llama_tiny.cfg.n_heads) + 1)
+    need, one = held_bytes(llama_tiny, 1, tokens.shape[1], n_senders)
+    assert one == tokens.shape[1] * n_senders * int(llama_tiny.cfg.d_model) * 4
+    run = GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, memory_budget=need,
+                   prepend_bos=True)
+    assert len(run.graph.senders) == n_senders
+    assert run.memory_budget == need
+    with pytest.raises(BadInputError, match="over the memory budget"):
+        GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR, memory_budget=need - 1,
+                 prepend_bos=True)
+
+
+def test_measure_forward_chunks_within_the_budget(gpt2_tiny, monkeypatch):
+    from mechsink.measure import sink_scores
+    from mechsink.measure.forward import bytes_per_sequence, measure_forward, of_cache
+
+    tokens = torch.randint(1, 1000, (6, 10), generator=torch.Generator().manual_seed(0))
+    wanted = {"s": of_cache(("attn.hook_pattern",), lambda cache: sink_scores(cache, 0))}
+    sizes: list[int] = []
+    real = gpt2_tiny.run_with_cache
+
+    def counted(chunk, **kw):
+        sizes.append(int(chunk.shape[0]))
+        return real(chunk, **kw)
+
+    monkeypatch.setattr(gpt2_tiny, "run_with_cache", counted)
+    whole = measure_forward(gpt2_tiny, tokens, wanted, memory_budget="1GiB")["s"]
+    assert sizes == [6]
+    per = bytes_per_sequence(gpt2_tiny, [f"blocks.{i}.attn.hook_pattern" for i in range(2)],
+                             10, False)
+    sizes.clear()
+    parts = measure_forward(gpt2_tiny, tokens, wanted, batch_size=4, memory_budget=2 * per)["s"]
+    assert sizes == [2, 2, 2]
+    torch.testing.assert_close(parts.gu, whole.gu, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("command", [
+    ["discover", "no-such-model", "--metric", "sink_score:1"],
+    ["patch", "no-such-model", "--clean", "a b", "--corrupted", "c d", "--metric",
+     "sink_score:1"]])
+def test_a_bad_memory_budget_is_refused_before_loading(tmp_path, command):
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+
+    result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "o"),
+                                      "--memory-budget", "lots"])
+    assert result.exit_code == 2 and "--memory-budget" in result.output, result.output
+
+
+def test_discover_over_the_budget_is_one_line_before_scoring(tmp_path):
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+
+    result = CliRunner().invoke(app, [
+        "discover", "random:llama-tiny", "--metric", "massive_value:1:0:3", "--method", "eap",
+        "--n", "2", "--seq-len", "6", "--out", str(tmp_path / "o"), "--memory-budget", "4KiB"])
+    assert result.exit_code == 2, result.output
+    assert "over the memory budget of 4 KiB" in result.output
+    assert "--memory-budget" in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o" / "discover.json").exists()
