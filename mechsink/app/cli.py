@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import typing
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -369,10 +370,16 @@ def patch(
                                "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
     out: str = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
     layers: str | None = typer.Option(None, help="comma-separated layers (default: all)"),
+    positions: str | None = typer.Option(None, help="comma-separated positions to patch "
+                                         "(default: all)"),
+    key_position: int | None = typer.Option(None, "--key-position", help="a sink_score "
+                                            "metric's key position (default 0: the first "
+                                            "token's sink)"),
     direction: str = typer.Option("denoise", help="denoise (patch clean into corrupted) or noise"),
     normalize: bool = typer.Option(False, help="rescale so 0 = run input, 1 = source input"),
     prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes of "
                                              "activations to plan for, e.g. 2GiB or 512MiB "
@@ -384,14 +391,20 @@ def patch(
     from mechsink.model import to_tokens as _to_tokens
     from mechsink.model.memory import parse_size
     from mechsink.model.zoo import load_model
+    from mechsink.model.zoo.devices import resolve_dtype
     from mechsink.patching import activation_patch, parse_metric, parse_site
 
     try:  # every check that needs no model, before loading one
         chosen = parse_layers(layers, "--layers")
-        the_site = parse_site(site, layers=chosen)
+        where = parse_layers(positions, "--positions", "position")
+        the_site = parse_site(site, layers=chosen,
+                              **({} if where is None else {"positions": where}))
         settings.check_text(clean, "--clean")
         settings.check_text(corrupted, "--corrupted")
+        _check_no_empty_prompt([clean], [corrupted])
         settings.check_metric(metric)  # bare logit_diff needs the model's predictions
+        _check_key_position(metric, key_position)
+        resolve_dtype(dtype)
         settings.check_direction(direction)
         budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
@@ -405,12 +418,13 @@ def patch(
     with _locked(folder):
         try:
             with console.status(f"loading {model}"):
-                bridge = load_model(model, device=device, seed=seed)
+                bridge = load_model(model, device=device, dtype=dtype, seed=seed)
             mechsink_model.check_supported(bridge, "patch")
             c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
-            the_metric = parse_metric(metric, bridge, c, x)
+            the_metric = _at_key(parse_metric(metric, bridge, c, x), key_position,
+                                 c.shape[-1])
             with console.status(f"patching {the_site.label}"):
                 result = activation_patch(bridge, c, x, the_site, the_metric,
                                           direction=direction, normalize=normalize,
@@ -427,6 +441,28 @@ def patch(
     console.print(f"{result.site} x {result.metric}: clean {result.clean_value:.4g}, corrupted "
                   f"{result.corrupted_value:.4g}; wrote {folder / 'patch.json'} and "
                   f"{folder / 'patch.png'}")
+
+
+def _check_key_position(metric: str, key_position: int | None) -> None:
+    """``--key-position`` belongs to a sink_score metric and is a position (checked before
+    any model loads; against the prompt's length once it is tokenised)."""
+    if key_position is None:
+        return
+    if metric.split(":", 1)[0].strip() != "sink_score":
+        raise MechsinkError(f"--key-position is the key position of a sink_score metric; "
+                            f"--metric {metric!r} has none.")
+    if key_position < 0:
+        raise MechsinkError(f"--key-position: position numbers start at 0, got {key_position}.")
+
+
+def _at_key(metric: typing.Any, key_position: int | None, seq_len: int) -> typing.Any:
+    """``metric`` reading the sink at ``key_position`` (unchanged without one)."""
+    if key_position is None:
+        return metric
+    if key_position >= seq_len:
+        raise MechsinkError(f"--key-position {key_position} is past the prompt's {seq_len} "
+                            f"tokens (positions 0..{seq_len - 1}).")
+    return dataclasses.replace(metric, key_pos=key_position)
 
 
 def _settings_help(name: str) -> str:
@@ -639,7 +675,10 @@ def discover(
     target: float = typer.Option(0.9, help="faithfulness the circuit should reach"),
     curves: str = typer.Option("", help="extra ablations for faithfulness curves, e.g. "
                                "zero,batch_mean"),
+    prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0 "
+                                     "of --clean / --corrupted prompts"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+    dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
     discovery_seed: int = typer.Option(0, help="seed of the resample ablation and the "
                                        "random-circuit baselines"),
@@ -662,6 +701,7 @@ def discover(
     from mechsink.io import check_writable
     from mechsink.model import load_model
     from mechsink.model.memory import parse_size
+    from mechsink.model.zoo.devices import resolve_dtype
     from mechsink.patching import parse_metric
     from mechsink.viz.discover import draw_discovery
 
@@ -679,6 +719,7 @@ def discover(
         neuron_map = parse_neurons(neurons)
         budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
+        resolve_dtype(dtype)
         check_context(model, seq_len, "--seq-len")
         formats = _export_formats(export)
         tok = settings.model_tokenizer(model) if clean else None  # no weights needed
@@ -694,16 +735,17 @@ def discover(
             from mechsink.model.tokens import tokenizer_of
 
             with console.status(f"loading {model}"):
-                bridge = load_model(model, device=device, seed=seed)
+                bridge = load_model(model, device=device, dtype=dtype, seed=seed)
             mechsink_model.check_supported(bridge, "discover")
             if clean and tok is None:  # a tokenizer that came with the weights
                 _check_same_lengths(tokenizer_of(bridge),
                                     {"--clean": clean, "--corrupted": corrupted})
             if clean:
-                tokens = _to_tokens(bridge, clean, prepend_bos=True)
+                tokens = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             else:
                 tokens = make_prompts(bridge, "natural", "bos", n=n, seq_len=seq_len).tokens
-            corr = _to_tokens(bridge, corrupted, prepend_bos=True) if corrupted else None
+            corr = (_to_tokens(bridge, corrupted, prepend_bos=prepend_bos) if corrupted
+                    else None)
             the_metric = parse_metric(metric, bridge, tokens, corr)
             with console.status(f"scoring edges ({method})"):
                 found = run_discovery(bridge, tokens, the_metric, corrupted=corr,
