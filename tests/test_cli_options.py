@@ -81,3 +81,14 @@ def test_discover_without_bos_tokenises_the_prompts_without_it(tmp_path: Path):
     settings = json.loads((out / "discover.json").read_text())["scores"]["settings"]
     assert settings["seq_len"] == to_tokens(model, CLEAN, prepend_bos=False).shape[-1]
     assert settings["seq_len"] + 1 == to_tokens(model, CLEAN, prepend_bos=True).shape[-1]
+
+
+@pytest.mark.parametrize("ref, message", [("/no/such/folder", "the folder does not exist"),
+                                          ("./missing", "the folder does not exist")])
+def test_a_missing_hf_folder_is_named_as_a_folder(tmp_path: Path, ref, message):
+    result = CliRunner().invoke(app, ["info", f"hf:{ref}"])
+    assert result.exit_code != 0 and message in result.output, result.output
+    assert "Repo id" not in result.output
+    (tmp_path / "file").write_text("x")
+    result = CliRunner().invoke(app, ["info", f"hf:{tmp_path / 'file'}"])
+    assert "is a file, not a folder" in result.output, result.output

@@ -87,8 +87,9 @@ def activation_patch(
     # a site whose hook never fires (JetMoE's attn.hook_z) or whose edits the model discards
     # (a pattern hooked after the attention ran): one line before any forward
     every_layer = [parsed.hook_name(layer) for layer in range(int(model.cfg.n_layers))]
-    check_hooks_supported(model, "patch", f"the site {site!r}", every_layer)
-    check_edits_reach(model, "patch", f"the site {site!r}", every_layer)
+    named = f"the site {site if isinstance(site, str) else parsed.label!r}"  # as typed
+    check_hooks_supported(model, "patch", named, every_layer)
+    check_edits_reach(model, "patch", named, every_layer)
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     resolved = parsed.resolve(model, clean_t.shape[1])
     # a patch after the last layer the metrics read leaves them unchanged: such units are not

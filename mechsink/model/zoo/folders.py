@@ -139,10 +139,22 @@ def refused_pickle(ref: str, exc: Exception) -> str:
             "load it yourself only if you trust its source.")
 
 
+def looks_like_a_path(ref: str) -> bool:
+    """Whether ``hf:<ref>`` names a folder rather than a hub id (``org/name``): absolute, or
+    starting with ``.``, ``~``, or holding more than one ``/``."""
+    return (Path(ref).is_absolute() or ref.startswith((".", "~")) or ref.count("/") > 1
+            or "\\" in ref)
+
+
 def from_hub_or_folder(ref: str, dtype: torch.dtype,
                        own_tokenizer: bool = True) -> tuple[nn.Module, Any]:
     """``hf:<ref>``: a local folder, or a hub id transformers can load."""
     folder = Path(ref) if Path(ref).is_dir() else None
+    if folder is None and looks_like_a_path(ref):  # not transformers' "Repo id must be ..."
+        what = "is a file, not a folder" if Path(ref).exists() else "does not exist"
+        raise MechsinkError(f"hf:{ref}: the folder {what}. Give a folder holding config.json, "
+                            "weights and tokenizer files (or a hub id such as org/name on a "
+                            "machine with hub access).")
     if folder is not None and own_tokenizer:
         check_tokenizer_files(folder)  # before the weights load: a clear error, fast
     try:
