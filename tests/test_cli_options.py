@@ -30,7 +30,7 @@ def test_patch_positions_and_key_position_equal_the_library(tmp_path: Path):
     model = load_model("random:gpt2-tiny", device="cpu", seed=0)
     c, x = (to_tokens(model, t, prepend_bos=True) for t in (CLEAN, CORRUPTED))
     mine = activation_patch(model, c, x, parse_site("resid_pre", positions=(0, 2)),
-                            SinkScore(1, key_pos=1))
+                            SinkScore(1, position=1))
     assert torch.allclose(saved.values, mine.values, atol=1e-6)
     assert saved.values.shape == mine.values.shape
 

@@ -462,7 +462,7 @@ def _at_key(metric: typing.Any, key_position: int | None, seq_len: int) -> typin
     if key_position >= seq_len:
         raise MechsinkError(f"--key-position {key_position} is past the prompt's {seq_len} "
                             f"tokens (positions 0..{seq_len - 1}).")
-    return dataclasses.replace(metric, key_pos=key_position)
+    return dataclasses.replace(metric, position=key_position)
 
 
 def _settings_help(name: str) -> str:

@@ -345,11 +345,12 @@ class KLToClean(Metric):
 
 @dataclass(frozen=True, eq=False)
 class SinkScore(Metric):
-    """Gu et al.'s sink score of ``key_pos`` at ``layer``: one head, or the mean over heads."""
+    """Gu et al.'s sink score of key ``position`` (default 0, the first token) at ``layer``: one
+    head, or the mean over heads."""
 
     layer: int
     head: int | None = None
-    key_pos: int = 0
+    position: int = 0
     include_self: bool = True
     name: str = "sink_score"
     bounds: ClassVar[tuple[float | None, float | None] | None] = (0.0, 1.0)
@@ -364,7 +365,7 @@ class SinkScore(Metric):
 
     def __call__(self, out: Outputs) -> Tensor:
         pattern = out.act(act_name("pattern", self.layer))
-        scores = _sink_score(pattern, self.key_pos, include_self=self.include_self)
+        scores = _sink_score(pattern, self.position, include_self=self.include_self)
         return (scores if self.head is None else scores[:, self.head]).mean()
 
 
