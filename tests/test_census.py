@@ -272,8 +272,9 @@ def test_census_frame_counts_both_massive_rules():
 def test_scan_no_validate_sets_skips_the_causal_check(tmp_path):
     args = ["scan", "random:llama-tiny", "--n", "2", "--seq-len", "8", "--suite", "natural",
             "--variant", "bos", "--no-report"]
-    on = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "on")])
-    off = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "off"), "--no-validate-sets"])
+    on = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "on"), "--validate-sets"])
+    off = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "off")])  # the default
+    assert "add --validate-sets" in off.output and "add --validate-sets" not in on.output
     assert on.exit_code == 0 and off.exit_code == 0, (on.output, off.output)
     with_check = json.loads((tmp_path / "on" / "census.json").read_text())
     without = json.loads((tmp_path / "off" / "census.json").read_text())

@@ -303,7 +303,10 @@ def test_the_census_says_which_block_carries_the_sink(planted, tokens):
     from mechsink.interventions.set_validation import validate_sets
     from mechsink.measure.census import census, census_json
 
-    c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)], progress=lambda *a: 0)
+    named: list[str] = []
+    c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)],
+               progress=lambda name, *a: named.append(name), validate_sets=True)
+    assert named[-1] == "validating super-neuron sets"  # the step is named while it runs
     field = c.to_dict()["super_neuron_causality"]
     assert field["run"] == "natural/bos" and field["carrier_block"] == 0
     (s,) = c.runs[0].super_sets.sets()
@@ -311,12 +314,13 @@ def test_the_census_says_which_block_carries_the_sink(planted, tokens):
     assert field["sets"] == direct["sets"]
     assert '"super_neuron_causality"' in census_json(c)
     off = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)],
-                 progress=lambda *a: 0, validate_sets=False)
+                 progress=lambda *a: 0)  # off by default
     assert "super_neuron_causality" not in off.to_dict()
 
 
 def test_the_census_says_why_no_set_could_be_validated(llama_tiny):
     from mechsink.measure.census import census
 
-    c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8, progress=lambda *a: 0)
+    c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8, progress=lambda *a: 0,
+               validate_sets=True)
     assert set(c.to_dict()["super_neuron_causality"]) == {"not_applicable"}

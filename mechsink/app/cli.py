@@ -248,8 +248,9 @@ def scan(
     dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     report: bool = typer.Option(True, help="also write figures, attention.html and index.html"),
     validate_sets: bool = typer.Option(
-        True, help="zero every super-neuron set against a same-size random set to name the "
-                   "block whose set carries the sink (1 + 2 x sets forwards of 16 prompts)"),
+        False, help="zero every super-neuron set against a same-size random set to name the "
+                    "block whose set carries the sink (1 + 2 x sets forwards of 16 prompts; "
+                    "off by default: it can take most of the census's time)"),
 ) -> None:
     """Sink census: sink scores and rates, massive activations, super neurons, norm ratios,
     value drain, key-bias cosine, dormant heads and variance discrepancy on every input suite;
@@ -331,6 +332,10 @@ def scan(
                       f"{tok_m['count']} | {lay_m['count']}{where}", sn, f"{lo:.3g}..{hi:.3g}")
     console.print(table)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
+    if not validate_sets:
+        console.print("super-neuron sets were not checked causally: add --validate-sets to "
+                      "name the block whose set carries the sink (zeroes each set against a "
+                      "same-size random one)", markup=False)
     if report:
         console.print(f"open {folder / 'index.html'} in a browser (works offline)")
 
