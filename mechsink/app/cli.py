@@ -674,6 +674,9 @@ def discover(
                                    "reference (as the reference EAP-IG implementation, to "
                                    "reproduce published numbers; add --no-qk-fix)"),
     verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
+    max_exact: int = typer.Option(1000, help="when the re-patch disagrees with the method, "
+                                  "patch the circuit's edges exactly and select again, up to "
+                                  "this many exact edges"),
     select: str = typer.Option("top", help="top (by score) or greedy"),
     edges: int | None = typer.Option(None, help="circuit size (default: the smallest size "
                                      "reaching --target)"),
@@ -717,8 +720,9 @@ def discover(
             parse_layers(positions, "--positions", "position") or ())
         if metric.strip() != "logit_diff":
             parse_metric(metric, None)
-        if steps < 1 or verify < 0 or n < 1:
-            raise MechsinkError("--steps and --n must be positive, --verify non-negative.")
+        if steps < 1 or verify < 0 or n < 1 or max_exact < 0:
+            raise MechsinkError("--steps and --n must be positive, --verify and --max-exact "
+                                "non-negative.")
         _check_no_empty_prompt(clean, corrupted)
         check_selection(edges, target)  # --edges against the graph's size once it is built
         neuron_map = parse_neurons(neurons)
@@ -759,7 +763,8 @@ def discover(
                                       qk_fix=qk_fix, verify=verify, select=select,
                                       n_edges=edges, target=target, curve_ablations=extra,
                                       seed=discovery_seed, neurons=neuron_map,
-                                      convention=convention, memory_budget=budget)
+                                      convention=convention, memory_budget=budget,
+                                      max_exact=max_exact)
             found.meta["model"] = model
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
                 found.save(staging)

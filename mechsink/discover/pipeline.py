@@ -133,6 +133,7 @@ def discover(
     neurons: Mapping[int, Sequence[int]] | str | None = None,
     convention: str = "mechsink",
     memory_budget: int | str | None = None,
+    max_exact: int = 1000,
 ) -> Discovery:
     """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
     it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
@@ -146,7 +147,10 @@ def discover(
     (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers.
     ``memory_budget``: bytes (or ``"2GiB"``) the
     run's tensors may hold (default: a share of what the device has free; a run that cannot
-    fit is refused before any forward, :mod:`mechsink.discover.memory`)."""
+    fit is refused before any forward, :mod:`mechsink.discover.memory`). When the exact
+    re-check of the top edges disagrees with the method (the scores are untrusted), the edges
+    of the selected circuit are patched exactly and the circuit selected again until it rests
+    on exact scores alone, up to ``max_exact`` exact edges (:func:`rest_on_exact`)."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
     get(method)  # an unknown method is refused before any forward
@@ -168,6 +172,9 @@ def discover(
             reached = curves[0].size_reaching(target)
             n_edges = reached if reached is not None else run.graph.n_edges
         circuit = top_n(scores, n_edges)
+        if scores.settings.get("exact_where_checked"):  # the re-check disagreed: widen it
+            circuit, scores.settings["exact_selection"] = rest_on_exact(run, scores, n_edges,
+                                                                        max_exact)
         circuit.faithfulness = float(faithfulness(run, circuit.mask().unsqueeze(0))[0])
     for abl in curve_ablations:
         other = GraphRun(model, run.tokens, run.metric, ablation=abl,
@@ -178,6 +185,32 @@ def discover(
         "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges,
         "faithfulness_gap": gap(run)}
     return Discovery(scores, circuit, curves, meta)
+
+
+def rest_on_exact(run: GraphRun, scores: EdgeScores, n: int, max_exact: int
+                  ) -> tuple[Circuit, dict[str, Any]]:
+    """The top ``n`` edges selected from scores that are exact wherever the circuit is: each
+    round patches exactly the circuit's edges that only have an estimate, puts their exact
+    scores in ``scores`` and selects again, until every edge of the circuit is exact or
+    ``max_exact`` edges would be exceeded (then the circuit is said to rest partly on
+    estimates). Returns the circuit and what was done."""
+    if isinstance(max_exact, bool) or not isinstance(max_exact, int) or max_exact < 0:
+        raise BadInputError(f"max_exact must be a non-negative integer, got {max_exact!r}.")
+    checked = {run.graph.edge_index(c["edge"]) for c in scores.checks}
+    rounds = 0
+    while True:
+        circuit = top_n(scores, n)
+        missing = [e for e in circuit.edges if e not in checked]
+        if not missing or len(checked) + len(missing) > max_exact:
+            break
+        exact = run.exact(missing) - run.clean_value
+        scores.values = scores.values.clone()
+        scores.values[torch.as_tensor(missing)] = exact.to(scores.values.dtype)
+        checked.update(missing)
+        rounds += 1
+    return circuit, {"exact_edges": len(checked), "rounds": rounds,
+                     "rests_on_exact": not missing, "estimated_in_circuit": len(missing),
+                     "max_exact": max_exact}
 
 
 def check_selection(n_edges: Any, target: Any, n_total: int | None = None) -> None:
@@ -232,6 +265,16 @@ def summary(data: dict[str, Any]) -> str:
     c = data["circuit"]
     lines += ["", f"Circuit: {c['n_edges']} edges ({c['how']}), faithfulness "
               f"{fmt(c.get('faithfulness'))}"]
+    sel = s["settings"].get("exact_selection")
+    if sel:
+        lines += ["", ("The method's scores disagreed with their exact re-check, so the circuit "
+                       f"was selected again from exact scores ({sel['exact_edges']} edges "
+                       f"patched exactly, {sel['rounds']} rounds): " +
+                       ("every edge of the circuit rests on its exact score." if
+                        sel["rests_on_exact"] else
+                        f"{sel['estimated_in_circuit']} of its edges still carry estimates "
+                        f"(more than max_exact = {sel['max_exact']} exact edges would be "
+                        "needed)."))]
     note = gap_note(data.get("faithfulness_gap") or {})
     if note:
         lines += ["", f"**Note:** {note}"]
