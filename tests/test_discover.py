@@ -268,7 +268,8 @@ def test_methods_are_found_in_the_registry(llama_tiny):
     from mechsink.discover.scores import result
 
     assert list(METHODS) == ["eap", "eap-ig", "exact"]
-    assert METHODS["eap-ig"].options == ("steps", "ig", "qk_fix", "verify", "edges")
+    assert METHODS["eap-ig"].options == ("steps", "ig", "qk_fix", "verify", "edges",
+                                         "convention")
     assert options_for("exact", {"qk_fix": True, "batch_size": 2}) == {"batch_size": 2}
     calls = []
 
