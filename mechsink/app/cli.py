@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import sys
+import time
 import typing
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -268,6 +270,8 @@ def scan(
         summary_rows,
     )
     from mechsink.model.zoo import load_model
+    from mechsink.progress import mode as progress_mode
+    from mechsink.progress import phase
 
     suites, variants = list(suite or SUITES), list(variant or VARIANTS)
     try:  # every check that needs no model, before loading one
@@ -283,7 +287,7 @@ def scan(
         fail(exc)
     with _locked(folder):
         try:
-            with console.status(f"loading {model}"):
+            with console.status(f"loading {model}"), phase(f"loading {model}", delay=0.0):
                 bridge = load_model(model, device=device, dtype=dtype,
                                     seed=seed if model.startswith("random:") else None)
             mechsink_model.check_supported(bridge, "census")
@@ -291,14 +295,21 @@ def scan(
         except MechsinkError as exc:
             fail(exc)
         runs = len(suites) * len(variants)
+        in_log = progress_mode() == "log"
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       console=console, transient=True) as bar:
             task = bar.add_task("census", total=runs * n)
             finished: dict[str, int] = {}  # run name -> sequences done
+            began = {"at": time.perf_counter()}
 
             def progress(name: str, done: int, total: int) -> None:
                 finished[name] = done
                 bar.update(task, description=f"census {name}", completed=sum(finished.values()))
+                if in_log and done == total:  # off a terminal: a line per finished step
+                    now = time.perf_counter()
+                    print(f"census {name}: {done}/{total} in {now - began['at']:.1f} s",
+                          file=sys.stderr, flush=True)
+                    began["at"] = now
 
             try:  # e.g. fewer natural texts of --seq-len tokens than --n: one line
                 result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps,
@@ -313,7 +324,8 @@ def scan(
             if report:
                 from mechsink.viz import write_report
 
-                with console.status("writing figures and pages"):
+                with console.status("writing figures and pages"), phase(
+                        "writing figures and pages", delay=0.0):
                     written += write_report(data, staging)
             written = _final(staging, folder, written)
     table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
