@@ -192,3 +192,24 @@ def test_init_structure_result_round_trips_and_the_atlas_cell_reads_it(tmp_path)
     assert "(ii) SeedPrint" in cell["criterion"] and "max/median" in cell["evidence"]
     with pytest.raises(BadInputError, match="include 1"):
         run(work_dir=tmp_path / "bad", twins=[], wo_scales=[0.0, 2.0])
+
+
+def test_atlas_c7_twins_are_fresh_inits_of_the_model_s_architecture():
+    from mechsink.experiments.atlas import TWIN_SEEDS, c7_cell, c7_twins
+    from mechsink.experiments.init_structure import twin_factory
+
+    organism = load_model("organism:bb-gpt2-tiny", device="cpu")
+    trained = hf_model_of(organism)
+    build = twin_factory(organism)
+    twin = hf_model_of(build(0))
+    assert twin.config.to_dict() == trained.config.to_dict()
+    assert not torch.equal(twin.transformer.wte.weight, trained.transformer.wte.weight)
+    assert torch.equal(twin.transformer.wte.weight, hf_model_of(build(0)).transformer.wte.weight)
+    twins = c7_twins(build, {"seed": 5, "n": 3, "seq_len": 8})
+    assert twins["seeds"] == [5 + i for i in range(TWIN_SEEDS)]
+    cell = c7_cell(twins)
+    parts = twins["verdicts"]
+    held = [v["verdict"] == "supported" for v in parts.values()]
+    assert cell["verdict"] == ("supported" if all(held) else "partial" if any(held)
+                               else "not supported")
+    assert cell["link"] is None and "unknown here" in cell["criterion"]

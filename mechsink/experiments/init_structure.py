@@ -178,6 +178,30 @@ def init_verdicts(profiles: dict[str, dict[str, Any]], overlaps: dict[str, float
     }
 
 
+def twin_row(work: Path, name: str, seeds: list[int], n: int, seq_len: int,
+             scales: list[float]) -> dict[str, Any]:
+    """:func:`twin_profiles` of ``name``'s twins, cached under ``work/twins`` with the settings
+    it ran under (a rerun with the same settings reads it back, no model load)."""
+    import hashlib
+    import json
+
+    from mechsink.io import atomic_write_json
+
+    key = {"model": name, "seeds": seeds, "n": n, "seq_len": seq_len,
+           "scales": [float(x) for x in scales], "schema": SCHEMA}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    cached = work / "twins" / f"{digest}.json"
+    if cached.is_file():
+        saved = json.loads(cached.read_text(encoding="utf-8"))
+        if saved.get("key") == key:
+            return saved["row"]
+    build, arch = twin_builder(name)
+    row = {"architecture": arch, **twin_profiles(build, seeds, n, seq_len, scales)}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(cached, {"key": key, "row": row})
+    return row
+
+
 # --- (iii) causal part and (ii), on organisms -------------------------------------------------
 
 
@@ -272,11 +296,12 @@ def seedprint_verdict(cal: dict[str, Any]) -> dict[str, str]:
 def run(*, work_dir: str | Path, twins: Sequence[str] = TWINS, twin_seeds: Sequence[int] = (0, 1),
         n: int = 32, seq_len: int = 64, scales: Sequence[float] = (0.5, 1.0, 2.0),
         recipe: str = "bb-gpt2-tiny", wo_scales: Sequence[float] = (0.0, 1.0, 16.0),
-        seeds: Sequence[int] = (0, 1, 2), steps: int = 600, seedprint_steps: int = 150,
+        seeds: Sequence[int] = (0, 1, 2), steps: int = 500, seedprint_steps: int = 150,
         null_inits: int = 3, held_out_inits: int = 2, k: int = 16,
         eps: float = DEFAULT_EPS) -> ExperimentResult:
-    """(i) and (iii) at init on random twins of each of ``twins``; (ii) and (iii)'s causal part
-    on organisms trained under ``work_dir/runs`` (resumed or reused when already there).
+    """(i) and (iii) at init on random twins of each of ``twins`` (cached under
+    ``work_dir/twins``); (ii) and (iii)'s causal part on organisms trained under
+    ``work_dir/runs`` (resumed or reused when already there).
 
     ``twins``: models whose architecture is re-initialised (zoo names); ``twin_seeds``: init
     seeds of each twin; ``n``: random sequences; ``seq_len``: tokens per sequence; ``scales``:
@@ -294,11 +319,8 @@ def run(*, work_dir: str | Path, twins: Sequence[str] = TWINS, twin_seeds: Seque
     if 1.0 not in [float(s) for s in scales] or 1.0 not in [float(s) for s in wo_scales]:
         raise BadInputError("scales and wo_scales must include 1 (the plain init).")
     work = Path(work_dir)
-    twin_rows = {}
-    for name in twins:
-        build, arch = twin_builder(name)
-        twin_rows[name] = {"architecture": arch,
-                           **twin_profiles(build, list(twin_seeds), n, seq_len, scales)}
+    twin_rows = {name: twin_row(work, name, list(twin_seeds), n, seq_len, list(scales))
+                 for name in twins}
     arms = init_arms(work, recipe, wo_scales, seeds, steps, eps)
     from mechsink.experiments.seedprint import seedprint_calibration
 
