@@ -213,3 +213,21 @@ def test_atlas_c7_twins_are_fresh_inits_of_the_model_s_architecture():
     assert cell["verdict"] == ("supported" if all(held) else "partial" if any(held)
                                else "not supported")
     assert cell["link"] is None and "unknown here" in cell["criterion"]
+
+
+@pytest.mark.parametrize("diffs,moved,expected", [
+    ([0.1, 0.2, 0.15], 0.4, "supported"),  # amplified, sink up in every seed
+    ([-0.1, -0.2, -0.15], 0.4, "not supported"),  # amplified, sink down
+    ([-0.1, 0.2, 0.05], 0.4, "undecided"),  # no effect beyond seed noise
+    ([0.1, 0.2, 0.15], 0.01, "undecided"),  # the arm did not move the discrepancy
+])
+def test_causal_verdict_reads_paired_differences_against_the_plain_arm(diffs, moved, expected):
+    from mechsink.experiments.init_structure import causal_verdict
+
+    plain = [0.3, 0.4, 0.5]
+    arms = {"1": {"step0": [0.1] * 3, "final_max_sink_score": plain},
+            "16": {"step0": [0.1 + moved] * 3,
+                   "final_max_sink_score": [p + d for p, d in zip(plain, diffs, strict=True)]}}
+    assert causal_verdict(arms)["verdict"] == expected
+    with pytest.raises(BadInputError, match="plain arm"):
+        causal_verdict({"16": arms["16"]})
