@@ -58,6 +58,13 @@ FINDINGS = (
     Finding("seedprint", "seedprint", "SeedPrint: structure at random initialisation",
             "Untrained models already prefer some tokens and contract some directions; SeedPrint "
             "tells which random initialisation a model came from (Li, Tong, Wang et al. 2026)."),
+    Finding("init_structure", "init-structure", "C7: structure at random initialisation",
+            "Untrained models prefer some next tokens because representations contract (across "
+            "sequences through the MLPs, within a sequence through attention), the bias "
+            "fingerprints the seed (SeedPrint), and position 0 stands apart in the contraction: "
+            "measured on random-init twins of real architectures, and on organisms trained from "
+            "initialisations with that discrepancy removed or amplified (Li, Tong, Wang et al. "
+            "2026)."),
     Finding("sink_timeline", "timeline", "The sink timeline during training",
             "The sink measurements at every checkpoint of a training run: when the sink appears "
             "and how it grows."),

@@ -19,6 +19,9 @@ docs build and the tests call the experiments directly.
 ``headwise_rmsnorm``   twin organisms with and without head-wise RMSNorm
 ``seedprint``          structure at random initialisation and SeedPrint (Li, Tong, Wang et
                        al. 2026)
+``init_structure``     claim C7 as stated: token preference and contraction at init on
+                       random twins of real architectures, SeedPrint, and the positional
+                       discrepancy's causal link to the sink (organisms, W_O's init scaled)
 ``sink_timeline``      the sink measurements at every checkpoint of a training run
 ``atlas``              every claim on every model with the same prompts and settings: one
                        table of verdicts, criteria and evidence, linked to each run
@@ -125,6 +128,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("query_bias_dose", "organism:bb-gpt2-tiny"),
     Experiment("headwise_rmsnorm", None),
     Experiment("seedprint", None),
+    Experiment("init_structure", None),
     Experiment("sink_timeline", None),
     Experiment("sink_free", None),
     Experiment("atlas", None),

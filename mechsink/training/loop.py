@@ -46,7 +46,7 @@ from mechsink.settings import check_seed
 
 RUN_FORMAT = "mechsink-run/1"
 __all__ = ["RECIPES", "Recipe", "get_recipe", "train", "train_step", "checkpoint_steps",
-           "lr_at", "task_of"]
+           "lr_at", "task_of", "scale_attention_output_init", "wo_suffix"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ class Recipe:
     d_mlp: int | None = None  # default 4 * d_model (gpt2) or 8/3 * d_model (llama)
     headwise_rmsnorm: bool = False  # the structural-origin paper's fix (mechsink.model.variants)
     attention: str = "softmax"  # or one of mechsink.model.variants.ATTENTION_VARIANTS (llama only)
+    init_attn_out_scale: float = 1.0  # W_O's init times this (scale_attention_output_init)
 
     def task(self) -> BigramBackcopy | TextStream:
         return BigramBackcopy() if self.data == "bigram-backcopy" else TextStream()
@@ -115,12 +116,46 @@ RECIPES: dict[str, Recipe] = {
 
 
 HWRMS_SUFFIX = "+hwrms"
+WO_OPTION = re.compile(r"wo(\d+(?:\.\d+)?)")  # +wo0, +wo4, +wo0.5: W_O's init scale
+
+
+def wo_suffix(scale: float) -> str:
+    """The recipe-name option that scales W_O's init by ``scale`` (``+wo4``; ``""`` for 1)."""
+    return "" if scale == 1 else f"+wo{scale:g}"
+
+
+def scale_attention_output_init(model: torch.nn.Module, scale: float) -> int:
+    """Multiply every attention output projection (W_O and its bias: GPT-2's ``attn.c_proj``,
+    Llama's ``self_attn.o_proj``) by ``scale``; returns how many were scaled.
+
+    Why W_O: at initialisation attention is near uniform over the prefix, so position 0 writes
+    its own value while a later position writes an average of values that contracts towards the
+    sequence's mean. That write is what makes position 0 stand apart in the intra-sequence
+    contraction (Li, Tong, Wang et al. 2026, "SeedPrint"); scaling W_O scales it and nothing else
+    in the step-0 forward: 0 removes it (no intra-sequence aggregation reaches the residual
+    stream), above 1 amplifies it. Training then starts from there with the same seed and data.
+    """
+    if not scale >= 0:
+        raise BadInputError(f"the W_O init scale must be 0 or more, got {scale}.")
+    found = 0
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith(("attn.c_proj", "self_attn.o_proj")):
+                for p in module.parameters(recurse=False):
+                    p.mul_(scale)
+                found += 1
+    if found == 0:
+        raise BadInputError(f"{type(model).__name__} has no attention output projection "
+                            "(attn.c_proj / self_attn.o_proj) to scale: use a gpt2 or llama "
+                            "recipe.")
+    return found
 
 
 def get_recipe(name: str) -> Recipe:
     """The recipe called ``name``, or a clear error. ``NAME+hwrms`` adds head-wise RMSNorm;
     ``NAME+VARIANT`` (a llama recipe) swaps the softmax over keys for one of
-    mechsink.model.variants.ATTENTION_VARIANTS, e.g. ``bb-llama-tiny+softpick``."""
+    mechsink.model.variants.ATTENTION_VARIANTS, e.g. ``bb-llama-tiny+softpick``;
+    ``NAME+woS`` initialises W_O at S times its scale (:func:`scale_attention_output_init`)."""
     base, *options = name.split("+")
     if base not in RECIPES:
         raise BadInputError(
@@ -135,14 +170,17 @@ def get_recipe(name: str) -> Recipe:
     for option in options:
         if "+" + option == HWRMS_SUFFIX:
             changes["headwise_rmsnorm"] = True
+        elif WO_OPTION.fullmatch(option) and "init_attn_out_scale" not in changes:
+            changes["init_attn_out_scale"] = float(option[2:])
         elif option in ATTENTION_VARIANTS and "attention" not in changes:
             if recipe.family != "llama":
                 raise BadInputError(f"attention variant {option!r} needs a llama recipe, not "
                                     f"{base!r} ({recipe.family}).")
             changes["attention"] = option
         else:
-            raise BadInputError(f"unknown recipe option +{option} in {name!r}: use +hwrms or "
-                                f"one of +{', +'.join(ATTENTION_VARIANTS)} (one variant).")
+            raise BadInputError(f"unknown recipe option +{option} in {name!r}: use +hwrms, "
+                                f"+wo<scale> (W_O's init scale, once) or one of "
+                                f"+{', +'.join(ATTENTION_VARIANTS)} (one variant).")
     if changes.get("headwise_rmsnorm") and "attention" in changes:
         raise BadInputError(f"{name!r}: head-wise RMSNorm and an attention variant do not "
                             "combine yet; choose one.")
@@ -226,6 +264,8 @@ def _train_locked(recipe: Recipe, out: Path, total: int, seed: int, data_seed: i
         apply_headwise_rmsnorm(model)
     if recipe.attention != "softmax":
         apply_attention_variant(model, recipe.attention)
+    if recipe.init_attn_out_scale != 1:
+        scale_attention_output_init(model, recipe.init_attn_out_scale)
     optimizer = torch.optim.AdamW(param_groups(model, recipe.weight_decay), lr=recipe.lr,
                                   betas=(0.9, 0.95))
     start = _restore(run, out, model, optimizer)
@@ -300,6 +340,7 @@ def _open_run(
     if record.is_file():
         run = json.loads(record.read_text())
         run["recipe"].setdefault("attention", "softmax")  # runs from before the variants
+        run["recipe"].setdefault("init_attn_out_scale", 1.0)  # ... and before the W_O scale
         held = {k: run.get(k) for k in wanted}
         if resume and default_steps and held != wanted and held | {"steps": total} == wanted:
             raise BadInputError(

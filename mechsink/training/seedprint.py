@@ -37,7 +37,7 @@ from scipy import stats
 from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, wrap_hf
+from mechsink.model import act_name, hf_model_of, wrap_hf
 from mechsink.model.zoo import gpt2_tokenizer, random_config, seeded_model
 
 INIT_SCHEMES = ("hf", "torch", "tl-legacy")
@@ -237,3 +237,104 @@ def error_rate(errors: int, n: int, confidence: float = 0.95) -> dict[str, float
     high = 1.0 if errors == n else float(stats.beta.ppf(1 - tail, errors + 1, n - errors))
     return {"rate": errors / n, "low": low, "high": high, "errors": errors, "n": n,
             "confidence": confidence}
+
+
+# --- the contraction at initialisation, per layer ----------------------------------------------
+
+
+@torch.no_grad()
+def residual_stack(model: Any, tokens: Int[Tensor, "n seq"], batch: int = 16
+                   ) -> Float[Tensor, "depth n seq d_model"]:
+    """The residual stream at every depth: entry ``k`` is the input of block ``k`` (entry 0 the
+    embeddings) and the last entry the last block's output (``n_layers + 1`` entries)."""
+    n_layers = int(model.cfg.n_layers)
+    names = [act_name("resid_pre", k) for k in range(n_layers)]
+    names.append(act_name("resid_post", n_layers - 1))
+    parts = []
+    for i in range(0, len(tokens), batch):
+        _, cache = model.run_with_cache(tokens[i: i + batch], names_filter=names)
+        parts.append(torch.stack([cache[name].float().cpu() for name in names]))
+        del cache
+    return torch.cat(parts, dim=1)
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """Mean pairwise cosines of one layer's representations on random input.
+
+    ``across``: tokens of different sequences (every position; the global, inter-sequence
+    concentration); ``within``: distinct positions of one sequence (the local, intra-sequence
+    one); ``first_to_later``: position 0 with the positions after it, same sequence;
+    ``later_to_later``: distinct positions after 0, same sequence. ``discrepancy`` =
+    ``later_to_later - first_to_later``: how far position 0 stands out of the contraction the
+    later positions share (positive: position 0 is the outlier).
+    """
+
+    across: float
+    within: float
+    first_to_later: float
+    later_to_later: float
+
+    @property
+    def discrepancy(self) -> float:
+        return self.later_to_later - self.first_to_later
+
+    def to_dict(self) -> dict[str, float]:
+        return {**asdict(self), "discrepancy": self.discrepancy}
+
+
+def contraction_stats(states: Float[Tensor, "n seq d_model"]) -> Contraction:
+    """:class:`Contraction` of one layer, from sums of unit vectors (``sum_{i != j} u_i . u_j
+    = |sum u|^2 - N``), so every pair counts without forming the Gram matrix."""
+    n, seq, _ = states.shape
+    if n < 2 or seq < 3:
+        raise BadInputError(f"need >= 2 sequences of >= 3 tokens to compare pairs; got {n} of "
+                            f"{seq}.")
+    u = torch.nn.functional.normalize(states.double(), dim=-1)
+    per_seq = u.sum(1)  # [n, d]
+    pairs_within = (per_seq.pow(2).sum(-1) - seq).sum()  # ordered pairs, same sequence
+    pairs_all = per_seq.sum(0).pow(2).sum() - n * seq
+    later = u[:, 1:].sum(1)
+    first_later = (u[:, 0] * later).sum(-1).mean() / (seq - 1)
+    later_later = ((later.pow(2).sum(-1) - (seq - 1)) / ((seq - 1) * (seq - 2))).mean()
+    return Contraction(
+        across=((pairs_all - pairs_within) / (n * seq * (n - 1) * seq)).item(),
+        within=(pairs_within / (n * seq * (seq - 1))).item(),
+        first_to_later=first_later.item(), later_to_later=later_later.item())
+
+
+@torch.no_grad()
+def depth_preference(model: Any, stack: Float[Tensor, "depth n seq d_model"]
+                     ) -> list[TokenPreference]:
+    """Token preference read out after every block (entry ``k-1``: after ``k`` blocks), through
+    the model's own final norm and unembedding: the first ``k`` blocks of a random model are a
+    random model of depth ``k`` (GPT-2's init scales its residual writers by the full depth)."""
+    from mechsink.model import unembed
+
+    device = next(iter(model.parameters())).device
+    return [token_preference(unembed(model, stack[k][:, -1:].to(device))[:, 0].float().cpu())
+            for k in range(1, stack.shape[0])]
+
+
+class scaled_weights:
+    """Within the block, every weight matrix (parameters of two or more dimensions: embeddings,
+    projections) of ``model`` is multiplied by ``scale``; norm gains and biases are left alone.
+    That is the model at ``scale`` times its init's standard deviation. Scales that are powers
+    of two restore the weights bit for bit; others to float rounding."""
+
+    def __init__(self, model: Any, scale: float) -> None:
+        if not scale > 0:
+            raise BadInputError(f"init scale must be positive, got {scale}.")
+        module = hf_model_of(model) if hasattr(model, "original_model") else model
+        self.params = [p for p in module.parameters() if p.dim() >= 2]
+        self.scale = float(scale)
+
+    def __enter__(self) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                p.mul_(self.scale)
+
+    def __exit__(self, *exc: object) -> None:
+        with torch.no_grad():
+            for p in self.params:
+                p.div_(self.scale)

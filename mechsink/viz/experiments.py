@@ -397,3 +397,40 @@ def plot_query_bias_dose(data: dict[str, Any], path: str | Path, level: float = 
     fig.suptitle(f"{data['model']}: query-bias circuit, dose-response ({level:.0%} intervals "
                  "over prompts; dashed: half the clean score)")
     return Path(save(fig, Path(path)))
+
+
+@use_style
+def plot_init_structure(result: dict[str, Any], path: str | Path) -> Path:
+    """C7 in three panels: token preference by depth (each twin, own init scale, first seed,
+    log scale); the last-layer-normalised contraction per layer (across / within a sequence,
+    position 0 to later, dashed); the organisms' largest sink score over training per W_O init
+    scale (mean and 95% interval over seeds)."""
+    fig, (ax_pref, ax_con, ax_sink) = plt.subplots(1, 3, figsize=(PAGE_WIDTH, 3.2),
+                                                   layout="constrained")
+    for color, (name, twin) in zip(PALETTE, result["twins"].items(), strict=False):
+        first = next(iter(twin["profiles"].values()))["scales"]["1"]
+        depth = np.arange(1, len(first["preference"]) + 1) / len(first["preference"])
+        ax_pref.plot(depth, [p["ratio"] for p in first["preference"]], color=color, label=name)
+        layer = np.arange(len(first["contraction"])) / (len(first["contraction"]) - 1)
+        con = first["contraction"]
+        ax_con.plot(layer, [c["across"] for c in con], color=color, label=f"{name} across")
+        ax_con.plot(layer, [c["within"] for c in con], color=color, ls=":")
+        ax_con.plot(layer, [c["first_to_later"] for c in con], color=color, ls="--")
+    ax_pref.set(yscale="log", xlabel="depth / total depth", ylabel="max / median next-token p",
+                title="token preference at init")
+    ax_con.set(xlabel="layer / total (0 = embeddings)", ylabel="mean pairwise cosine",
+               title="across (-), within (:), pos 0 to later (--)")
+    org = result["organisms"]
+    for color, (key, arm) in zip(PALETTE, org["arms"].items(), strict=False):
+        pts = [p for p in arm["over_training"] if p["step"] > 0]
+        steps = [p["step"] for p in pts]
+        ax_sink.plot(steps, [p["max_sink_score"]["mean"] for p in pts], color=color,
+                     marker="o", ms=3, label=f"W_O init x{key}")
+        ax_sink.fill_between(steps, [p["max_sink_score"]["low"] for p in pts],
+                             [p["max_sink_score"]["high"] for p in pts], color=color, alpha=0.2)
+    ax_sink.set(xscale="log", xlabel="step", ylabel="largest sink score (key 0)",
+                title=f"{org['recipe']}, seeds {org['seeds']}")
+    for ax in (ax_pref, ax_con, ax_sink):
+        ax.legend(fontsize=MIN_FONT)
+        ax.grid(alpha=0.3)
+    return Path(save(fig, Path(path)))
