@@ -56,7 +56,8 @@ FULL = Plan(
      "query_bias_dose": {"model": "qwen2.5-0.5b"},
      "headwise_rmsnorm": {"model": None},
      "sink_timeline": {"model": None, "run_dir": "@headwise_rmsnorm:runs/bb-gpt2-tiny-seed0"},
-     "seedprint": {"model": None}, "sink_free": {"model": None}},
+     "seedprint": {"model": None}, "sink_free": {"model": None},
+     "init_structure": {"model": None}},
 )
 QUICK = Plan(
     "quick", "random:llama-tiny",
@@ -76,5 +77,9 @@ QUICK = Plan(
      "seedprint": {"model": None, "steps": 4, "depths": [2], "n": 8, "k": 8, "null_inits": 3,
                    "held_out_inits": 2},
      "sink_free": {"model": None, "recipes": ["bb-llama-tiny"], "variants": ["softmax1", "sigmoid"],
-                   "seeds": [0], "steps": [16]}},
+                   "seeds": [0], "steps": [16]},
+     "init_structure": {"model": None, "twins": ["random:gpt2-tiny"], "twin_seeds": [0, 1],
+                        "n": 3, "seq_len": 6, "scales": [1.0, 2.0], "recipe": "bb-llama-tiny",
+                        "wo_scales": [0.0, 1.0], "seeds": [0, 1], "steps": 2,
+                        "seedprint_steps": 1, "null_inits": 3, "held_out_inits": 2, "k": 4}},
 )
