@@ -53,3 +53,26 @@ def test_query_edges_move_no_pattern_when_only_position_0_is_corrupted(llama_tin
         base = run.clean.acts[f"blocks.{layer}.attn.hook_pattern"]
         torch.testing.assert_close(moved, base.expand_as(moved), rtol=0, atol=1e-6)
         assert (_patched_patterns(run, layer, "k", list(range(n_s))) - base).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("which", ["llama_tiny", "gpt2_tiny"])
+def test_key_edges_in_closed_form_equal_the_patched_layer(request, which):
+    """Only position 0 corrupted: the key edges' change of pattern computed from the moved
+    logit of key 0 alone equals running the attention layer with the edge patched."""
+    from mechsink.discover.qkfix import _Key0, _pattern_scores
+
+    model = request.getfixturevalue(which)
+    tokens = make_prompts(model, "natural", "bos", n=3, seq_len=7).tokens
+    run = GraphRun(model, tokens, LogitDiff(11, 12), ablation="position_mean", positions=[0])
+    grads = clean_gradients(run)
+    key0 = _Key0(run)
+    for layer in range(run.graph.n_layers):
+        assert key0.holds(layer)  # every premise checked on the clean run
+        n_s = run.graph.n_senders_before(next(r for r in run.graph.receivers
+                                              if r.kind == "k" and r.layer == layer))
+        base = run.clean.acts[f"blocks.{layer}.attn.hook_pattern"]
+        grad = grads[f"blocks.{layer}.attn.hook_pattern"]
+        closed = key0.scores(layer, n_s, base, grad)
+        ran = _pattern_scores(run, layer, "k", n_s, base, grad)
+        torch.testing.assert_close(closed, ran, rtol=1e-4, atol=1e-7)
+        assert ran.abs().max() > 0
