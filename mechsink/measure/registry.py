@@ -19,7 +19,16 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure import experts, keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure import (
+    experts,
+    keys,
+    massive,
+    norms,
+    sinks,
+    super_neurons,
+    value_share,
+    variance,
+)
 from mechsink.measure._cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
 from mechsink.model.moe import moe_experts
@@ -156,6 +165,8 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("keys", _qk_hooks, _key_bias_cosine),
     CensusMeasurement("variance", variance.HOOKS,
                       lambda cache, c: variance.variance_stats(cache)),
+    CensusMeasurement("value_share", value_share.HOOKS,
+                      lambda cache, c: value_share.value_shares(cache, c.eps)),
 )
 """Every census measurement, in the order their JSON is written."""
 
