@@ -12,7 +12,7 @@ keys go straight into the run's object in ``census.json``; document them in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxtyping import Float
@@ -24,6 +24,7 @@ from mechsink.measure import (
     keys,
     massive,
     norms,
+    secondary,
     sinks,
     super_neurons,
     value_share,
@@ -49,6 +50,8 @@ class CensusContext:
     b_out: Float[Tensor, "layer d_model"] | None = None  # down projection biases
     moe: Any = None  # mechsink.model.moe_experts: per block Experts, None (dense) or why not
     qk_hooks: tuple[str, str] | None = None  # the scored q/k (keys.scored_qk_hooks); None: guess
+    tokens: Tensor | None = None  # the chunk's token ids [batch, pos] (given per forward)
+    decode: Callable[[Tensor], list[str]] | None = None  # one row of ids -> token strings
 
     def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
         """``w_out``, or a BadInputError saying why the model has none."""
@@ -106,9 +109,12 @@ class CensusMeasurement:
                                            f"{arch} (declared by TransformerLens, not called)")
             return Measurement((), lambda forward: why, NotApplicable.merge)
 
+        decode = _decoder(model)
+
         def read(forward: Any) -> Any:
             try:
-                return self.measure(forward.cache, context)
+                return self.measure(forward.cache, replace(context, tokens=forward.tokens,
+                                                           decode=decode))
             except BadInputError as exc:
                 return NotApplicable(self.name, str(exc))
 
@@ -117,6 +123,13 @@ class CensusMeasurement:
             return na if na is not None else self.merge(parts)
 
         return Measurement(hooks, read, merge)
+
+
+def _decoder(model: Any) -> Callable[[Tensor], list[str]]:
+    """One row of token ids -> the model's token strings (measurements that name tokens)."""
+    from mechsink.model import token_strings
+
+    return lambda ids: token_strings(model, ids)
 
 
 def _expert_hooks(model: Any) -> tuple[str, ...]:
@@ -167,6 +180,9 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
                       lambda cache, c: variance.variance_stats(cache)),
     CensusMeasurement("value_share", value_share.HOOKS,
                       lambda cache, c: value_share.value_shares(cache, c.eps)),
+    CensusMeasurement("secondary", secondary.HOOKS,
+                      lambda cache, c: secondary.secondary_sinks(cache, c.eps, c.tokens,
+                                                                 c.decode)),
 )
 """Every census measurement, in the order their JSON is written."""
 
