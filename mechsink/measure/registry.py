@@ -24,6 +24,7 @@ from mechsink.measure import (
     keys,
     massive,
     norms,
+    quantization,
     secondary,
     sinks,
     super_neurons,
@@ -132,6 +133,13 @@ def _decoder(model: Any) -> Callable[[Tensor], list[str]]:
     return lambda ids: token_strings(model, ids)
 
 
+def _quantized_hooks(model: Any) -> tuple[str, ...]:
+    """The activations quantized: the residual stream, and the down-projection input where its
+    hook fires (a mixture-of-experts block may have none)."""
+    caps = capabilities(model)
+    return tuple(h for h in quantization.HOOKS if h == "hook_resid_post" or caps.fires(h))
+
+
 def _expert_hooks(model: Any) -> tuple[str, ...]:
     """The MoE hooks on a mixture-of-experts model; none on a dense one."""
     return experts.HOOKS if moe_experts(model) is not None else ()
@@ -183,6 +191,8 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("secondary", secondary.HOOKS,
                       lambda cache, c: secondary.secondary_sinks(cache, c.eps, c.tokens,
                                                                  c.decode)),
+    CensusMeasurement("quantization", _quantized_hooks,
+                      lambda cache, c: quantization.quantization_errors(cache)),
 )
 """Every census measurement, in the order their JSON is written."""
 

@@ -1,6 +1,6 @@
 """Census figures (matplotlib, PNG): sink-score heatmaps, sink rates, per-layer magnitudes, norm
-ratios, MLP spikes, the attention-output variance profile, value-weighted sink shares and
-secondary sinks.
+ratios, MLP spikes, the attention-output variance profile, value-weighted sink shares,
+secondary sinks and simulated activation quantization.
 
 Every function takes the census data (``census.json`` read with
 :func:`mechsink.measure.census.read_census`) and a path, draws in :mod:`mechsink.viz.style` and
@@ -314,10 +314,49 @@ def secondary_sinks(data: Mapping[str, Any], path: Path) -> Path:
     return save(fig, path)
 
 
+@use_style
+def quantization(data: Mapping[str, Any], path: Path) -> Path:
+    """Simulated round-to-nearest error per layer of the residual stream and the down-projection
+    input (one run): int8 and int4, per tensor and per channel, with the outlier channels
+    quantized (solid) or kept in full precision (dashed)."""
+    run = natural_run(data, "quantization")
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 4.0), layout="constrained",
+                             squeeze=False)
+    if run is None:
+        _not_measured(axes[0][0], "quantization errors")
+        axes[0][1].axis("off")
+        return save(fig, path)
+    q = run["quantization"]
+    for ax, site in zip(axes[0], ("residual", "down_proj_input"), strict=True):
+        if site not in q:
+            ax.axis("off")
+            continue
+        i = 0
+        for bits in ("int8", "int4"):
+            for gran in ("per_tensor", "per_channel"):
+                color = PALETTE[i % len(PALETTE)]
+                i += 1
+                for kept, ls in (("all", "-"), ("outliers_kept", "--")):
+                    label = f"{bits} {gran.replace('_', ' ')}" + (", kept" if ls == "--" else "")
+                    ax.plot(_nan(q[site][bits][gran][kept]), color=color, ls=ls, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        _layer_axis(ax)
+        ax.set_ylabel("relative error, ordinary channels")
+        ax.set_title(f"{site.replace('_', ' ')} ({q[site]['hook']})")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False,
+               title="dashed: outlier channels kept in full precision")
+    fig.suptitle(f"{data['model']}: simulated activation quantization ({run['name']})")
+    return save(fig, path)
+
+
 FIGURES = {"sink_scores.png": sink_heatmaps, "magnitudes.png": magnitudes,
            "norm_ratio.png": norm_ratios, "mlp_spikes.png": mlp_spikes,
            "sink_rates.png": sink_rates, "variance.png": variance_profile,
-           "value_share.png": value_share, "secondary_sinks.png": secondary_sinks}
+           "value_share.png": value_share, "secondary_sinks.png": secondary_sinks,
+           "quantization.png": quantization}
 
 
 def write_figures(data: Mapping[str, Any], out_dir: Path) -> list[Path]:
