@@ -287,16 +287,17 @@ def secondary_sinks(data: Mapping[str, Any], path: Path) -> Path:
     sec = run["secondary_sinks"]
     ax = axes[0]
     top = np.array([_nan(row) for row in sec["top_score"]])
-    image = ax.imshow(top, aspect="auto", vmin=0, vmax=1, cmap=SCORE_CMAP, origin="lower",
-                      interpolation="nearest")
+    peak = float(np.nanmax(top)) if np.isfinite(top).any() else 1.0
+    image = ax.imshow(top, aspect="auto", vmin=0, vmax=max(peak, 1e-6), cmap=SCORE_CMAP,
+                      origin="lower", interpolation="nearest")
     ax.set_xlabel("position")
     ax.set_ylabel("layer")
     _layer_axis(ax, "x")
     _layer_axis(ax, "y")
     rate = sec.get("rate")
-    ax.set_title(f"{run['name']}: max over heads of mean_(i>k) A[i,k]"
-                 f"\n(key is a sink in some layer: {0 if rate is None else rate:.1%})")
-    fig.colorbar(image, ax=ax, shrink=0.8, label="sink score of key k")
+    ax.set_title(f"{run['name']}: largest head score of key k, mean over sequences"
+                 f"\n(a sink in some layer: {0 if rate is None else rate:.1%} of keys)")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="max_h mean_(i>k) A[h,i,k]")
     ax = axes[1]
     tokens = (sec.get("tokens") or [])[:10]
     if tokens:
