@@ -107,3 +107,16 @@ def test_streaming_cli_writes_json_and_figure(tmp_path):
     assert (out / "streaming.json").is_file() and (out / "streaming.png").is_file()
     bad = CliRunner().invoke(app, [*args[:4], "--window", "0"])
     assert bad.exit_code == 2 and "windows" in bad.output
+
+
+def test_streaming_text_starts_with_bos_only_when_asked(llama_tiny):
+    from mechsink.measure.streaming import streaming_text
+    from mechsink.model import bos_token_id
+
+    bos = bos_token_id(llama_tiny)
+    with_bos = streaming_text(llama_tiny, 40, bos=True)
+    without = streaming_text(llama_tiny, 40, bos=False)
+    assert with_bos.shape == without.shape == (40,)
+    assert with_bos[0].item() == bos and without[0].item() != bos
+    assert with_bos[1:].tolist() == without[:-1].tolist()  # the same text, shifted by one
+    assert streaming_text(llama_tiny, 40).tolist() == with_bos.tolist()  # default: the BOS

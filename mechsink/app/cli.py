@@ -631,6 +631,8 @@ def streaming(
     n_tokens: int = typer.Option(1024, "--n-tokens", help="tokens of the Wikipedia extract"),
     circuit: bool = typer.Option(True, help="also with the super-neuron sets zeroed at "
                                  "position 0 of every window"),
+    bos: bool | None = typer.Option(None, "--bos/--no-bos", help="start the text with the BOS "
+                                    "token (default: where the model has one)"),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
 ) -> None:
     """Streaming perplexity (Xiao et al. 2024): the Wikipedia extract read through a window of
@@ -660,7 +662,7 @@ def streaming(
             with console.status("streaming perplexity"):
                 result = streaming_perplexity(bridge, windows=windows, sinks=kept,
                                               n_tokens=n_tokens, circuit=circuit,
-                                              model_name=model)
+                                              model_name=model, bos=bos)
         except MechsinkError as exc:
             fail(exc)
         data = result.to_dict()

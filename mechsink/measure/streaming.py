@@ -176,13 +176,24 @@ def perplexity_table(
     return dense, table
 
 
-def streaming_text(model: Any, n_tokens: int) -> Int[Tensor, " n"]:
-    """The first ``n_tokens`` tokens of the shipped Wikipedia extract's paragraphs (joined by
-    blank lines, in order), after the model's BOS token where it has one."""
-    from mechsink.inputs.corpus import natural_documents
-    from mechsink.model import bos_token_id, to_tokens
+def use_bos(model: Any, bos: bool | None) -> bool:
+    """Whether the text starts with the BOS token: as asked, else where the model has one."""
+    from mechsink.model import bos_token_id
 
-    text, bos = "", bos_token_id(model) is not None
+    has = bos_token_id(model) is not None
+    if bos and not has:
+        raise BadInputError("bos=True but this tokenizer has no BOS token: use bos=False.")
+    return has if bos is None else bool(bos)
+
+
+def streaming_text(model: Any, n_tokens: int, bos: bool | None = None) -> Int[Tensor, " n"]:
+    """The first ``n_tokens`` tokens of the shipped Wikipedia extract's paragraphs (joined by
+    blank lines, in order), after the model's BOS token when ``bos`` (None: where the model
+    has one)."""
+    from mechsink.inputs.corpus import natural_documents
+    from mechsink.model import to_tokens
+
+    text, bos = "", use_bos(model, bos)
     for doc in natural_documents():
         if doc.source != "wiki":
             continue
@@ -196,17 +207,16 @@ def streaming_text(model: Any, n_tokens: int) -> Int[Tensor, " n"]:
     return tokens[:n_tokens]
 
 
-def circuit_edits(model: Any, *, n: int = 16, seq_len: int = 64, seed: int = 0
-                  ) -> tuple[list[Any], str]:
+def circuit_edits(model: Any, *, n: int = 16, seq_len: int = 64, seed: int = 0,
+                  bos: bool | None = None) -> tuple[list[Any], str]:
     """The sink circuit's edits: every complete super-neuron set that builds the massive
     channel at position 0 (:func:`mechsink.interventions.readout.massive_channel_sets` on ``n``
-    natural-text prompts of ``seq_len`` tokens) zeroed at position 0; and what they are."""
+    natural-text prompts of ``seq_len`` tokens, with BOS as ``bos``) zeroed at position 0;
+    and what they are."""
     from mechsink.inputs.prompts import make_prompts
     from mechsink.interventions.readout import massive_channel_sets
     from mechsink.interventions.targets import neuron_sets
-    from mechsink.model import bos_token_id
-
-    variant = "bos" if bos_token_id(model) is not None else "nobos"
+    variant = "bos" if use_bos(model, bos) else "nobos"
     prompts = make_prompts(model, "natural", variant, n=n, seq_len=seq_len, seed=seed)
     found = massive_channel_sets(model, prompts.tokens)
     sets = {lay: found.sets[lay].units for lay in found.builders}
@@ -217,23 +227,24 @@ def circuit_edits(model: Any, *, n: int = 16, seq_len: int = 64, seed: int = 0
 def streaming_perplexity(
     model: Any, *, windows: Sequence[int] = DEFAULT_WINDOWS, sinks: Sequence[int] = DEFAULT_SINKS,
     n_tokens: int = DEFAULT_TOKENS, circuit: bool = True, tokens: Tensor | None = None,
-    batch_size: int | None = None, model_name: str | None = None,
+    batch_size: int | None = None, model_name: str | None = None, bos: bool | None = None,
 ) -> StreamingResult:
     """Streaming perplexity of the shipped Wikipedia extract (or of ``tokens``, one row) for
     every kept-token count in ``sinks`` and window in ``windows``; with ``circuit`` also with
     the sink circuit's super-neuron sets zeroed at position 0 (:func:`circuit_edits`; a model
-    whose sets cannot be found says why in ``edited``)."""
+    whose sets cannot be found says why in ``edited``). ``bos``: whether the text (and the
+    prompts the sets are found on) start with the BOS token; None: where the model has one."""
     from mechsink.model import context_length, token_strings
 
     windows, sinks = tuple(windows), tuple(sinks)
     n = n_tokens if tokens is None else int(tokens.shape[-1])
     check_streaming_args(windows, sinks, n, context_length(model))
-    text = streaming_text(model, n) if tokens is None else tokens.reshape(-1)
+    text = streaming_text(model, n, bos) if tokens is None else tokens.reshape(-1)
     dense, table = perplexity_table(model, text, windows, sinks, batch_size=batch_size)
     edited: dict[str, Any] | None = None
     if circuit:
         try:
-            edits, what = circuit_edits(model)
+            edits, what = circuit_edits(model, bos=bos)
         except BadInputError as exc:
             edited = {"not_applicable": str(exc)}
         else:
