@@ -292,6 +292,7 @@ def test_census_equals_the_measurements_of_a_plain_full_cache(model_name, reques
     import torch
 
     from mechsink.measure.registry import CENSUS_MEASUREMENTS, CensusContext
+    from mechsink.model import token_strings
 
     model = request.getfixturevalue(model_name)
     c = census(model, ["natural", "random"], ["bos"], n=4, seq_len=8, batch_size=4, seed=3)
@@ -300,7 +301,8 @@ def test_census_equals_the_measurements_of_a_plain_full_cache(model_name, reques
         with torch.no_grad():
             _, cache = model.run_with_cache(tokens)
         w_o = model.W_O.detach()
-        context = CensusContext(model.W_out.detach(), w_o)
+        context = CensusContext(model.W_out.detach(), w_o, tokens=tokens,
+                                decode=lambda ids: token_strings(model, ids))
         for entry in CENSUS_MEASUREMENTS:
             reference = entry.to_json(entry.measure(cache, context))
             assert entry.to_json(run.measurements[entry.name]) == reference, entry.name

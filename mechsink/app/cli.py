@@ -818,5 +818,78 @@ def export(
                   f"wrote {written}")
 
 
+@app.command()
+def streaming(
+    model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m"),
+    out: str = typer.Option(..., "--out", help="folder for streaming.json and streaming.png"),
+    window: list[int] | None = typer.Option(
+        None, "--window", help="recent tokens kept, W (repeat; default: 16, 64, 128)"),
+    sinks: list[int] | None = typer.Option(
+        None, "--sinks", help="first tokens kept, s (repeat; default: 0, 1, 4)"),
+    n_tokens: int = typer.Option(1024, "--n-tokens", help="tokens of the Wikipedia extract"),
+    circuit: bool = typer.Option(True, help="also with the super-neuron sets zeroed at "
+                                 "position 0 of every window"),
+    bos: bool | None = typer.Option(None, "--bos/--no-bos", help="start the text with the BOS "
+                                    "token (default: where the model has one)"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+) -> None:
+    """Streaming perplexity (Xiao et al. 2024): the Wikipedia extract read through a window of
+    the W recent tokens plus the first s, positions re-assigned within the window; writes
+    DIR/streaming.json and DIR/streaming.png."""
+    from mechsink.io import atomic_write_json, check_writable
+    from mechsink.measure.streaming import (
+        DEFAULT_SINKS,
+        DEFAULT_WINDOWS,
+        check_streaming_args,
+        streaming_perplexity,
+    )
+    from mechsink.model.zoo import load_model
+
+    windows, kept = tuple(window or DEFAULT_WINDOWS), tuple(sinks or DEFAULT_SINKS)
+    try:
+        check_streaming_args(windows, kept, n_tokens)
+        check_context(model, n_tokens, "--n-tokens")
+        _check_device(device)
+        folder = check_writable(out)
+    except MechsinkError as exc:
+        fail(exc)
+    with _locked(folder):
+        try:
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device)
+            with console.status("streaming perplexity"):
+                result = streaming_perplexity(bridge, windows=windows, sinks=kept,
+                                              n_tokens=n_tokens, circuit=circuit,
+                                              model_name=model, bos=bos)
+        except MechsinkError as exc:
+            fail(exc)
+        data = result.to_dict()
+        with _result_set(folder) as staging:
+            from mechsink.viz.streaming import streaming_figure
+
+            written = [atomic_write_json(staging / "streaming.json", data),
+                       streaming_figure(data, staging / "streaming.png")]
+            written = _final(staging, folder, written)
+    table = Table(title=f"{model}: streaming perplexity ({data['scored']} tokens scored; "
+                        f"whole text {data['dense_perplexity']:.3g})")
+    table.add_column("kept s")
+    for w in windows:
+        table.add_column(f"W={w}")
+    edited = data["circuit_removed"] or {}
+    for s in kept:
+        row = [data["perplexity"][str(s)][str(w)] for w in windows]
+        cells = [f"{v:.3g}" for v in row]
+        if "table" in edited:
+            cells = [f"{c} / {edited['table'][str(s)][str(w)]:.3g}"
+                     for c, w in zip(cells, windows, strict=True)]
+        table.add_row(str(s), *cells)
+    console.print(table)
+    if "table" in edited:
+        console.print(f"clean / circuit removed ({edited['description']})", markup=False)
+    elif edited:
+        console.print(f"circuit: not applicable ({edited['not_applicable']})", markup=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+
+
 if __name__ == "__main__":  # python -m mechsink.app.cli
     app()

@@ -12,14 +12,25 @@ keys go straight into the run's object in ``census.json``; document them in
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure import experts, keys, massive, norms, sinks, super_neurons, variance
+from mechsink.measure import (
+    experts,
+    keys,
+    massive,
+    norms,
+    quantization,
+    secondary,
+    sinks,
+    super_neurons,
+    value_share,
+    variance,
+)
 from mechsink.measure._cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
 from mechsink.model.moe import moe_experts
@@ -40,6 +51,8 @@ class CensusContext:
     b_out: Float[Tensor, "layer d_model"] | None = None  # down projection biases
     moe: Any = None  # mechsink.model.moe_experts: per block Experts, None (dense) or why not
     qk_hooks: tuple[str, str] | None = None  # the scored q/k (keys.scored_qk_hooks); None: guess
+    tokens: Tensor | None = None  # the chunk's token ids [batch, pos] (given per forward)
+    decode: Callable[[Tensor], list[str]] | None = None  # one row of ids -> token strings
 
     def down_projections(self) -> Float[Tensor, "layer d_mlp d_model"]:
         """``w_out``, or a BadInputError saying why the model has none."""
@@ -97,9 +110,12 @@ class CensusMeasurement:
                                            f"{arch} (declared by TransformerLens, not called)")
             return Measurement((), lambda forward: why, NotApplicable.merge)
 
+        decode = _decoder(model)
+
         def read(forward: Any) -> Any:
             try:
-                return self.measure(forward.cache, context)
+                return self.measure(forward.cache, replace(context, tokens=forward.tokens,
+                                                           decode=decode))
             except BadInputError as exc:
                 return NotApplicable(self.name, str(exc))
 
@@ -108,6 +124,20 @@ class CensusMeasurement:
             return na if na is not None else self.merge(parts)
 
         return Measurement(hooks, read, merge)
+
+
+def _decoder(model: Any) -> Callable[[Tensor], list[str]]:
+    """One row of token ids -> the model's token strings (measurements that name tokens)."""
+    from mechsink.model import token_strings
+
+    return lambda ids: token_strings(model, ids)
+
+
+def _quantized_hooks(model: Any) -> tuple[str, ...]:
+    """The activations quantized: the residual stream, and the down-projection input where its
+    hook fires (a mixture-of-experts block may have none)."""
+    caps = capabilities(model)
+    return tuple(h for h in quantization.HOOKS if h == "hook_resid_post" or caps.fires(h))
 
 
 def _expert_hooks(model: Any) -> tuple[str, ...]:
@@ -156,6 +186,13 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
     CensusMeasurement("keys", _qk_hooks, _key_bias_cosine),
     CensusMeasurement("variance", variance.HOOKS,
                       lambda cache, c: variance.variance_stats(cache)),
+    CensusMeasurement("value_share", value_share.HOOKS,
+                      lambda cache, c: value_share.value_shares(cache, c.eps)),
+    CensusMeasurement("secondary", secondary.HOOKS,
+                      lambda cache, c: secondary.secondary_sinks(cache, c.eps, c.tokens,
+                                                                 c.decode)),
+    CensusMeasurement("quantization", _quantized_hooks,
+                      lambda cache, c: quantization.quantization_errors(cache)),
 )
 """Every census measurement, in the order their JSON is written."""
 

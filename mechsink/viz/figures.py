@@ -1,5 +1,6 @@
 """Census figures (matplotlib, PNG): sink-score heatmaps, sink rates, per-layer magnitudes, norm
-ratios, MLP spikes and the attention-output variance profile.
+ratios, MLP spikes, the attention-output variance profile, value-weighted sink shares,
+secondary sinks and simulated activation quantization.
 
 Every function takes the census data (``census.json`` read with
 :func:`mechsink.measure.census.read_census`) and a path, draws in :mod:`mechsink.viz.style` and
@@ -218,9 +219,145 @@ def variance_profile(data: Mapping[str, Any], path: Path) -> Path:
     return save(fig, path)
 
 
+def natural_run(data: Mapping[str, Any], key: str) -> dict[str, Any] | None:
+    """The run to show ``key`` on: natural text first (BOS, then no BOS, then a random first
+    token), else the first run holding it; None when no run has it (an older census)."""
+    runs = [r for r in data["runs"] if key in r]
+    order = {"bos": 0, "nobos": 1, "randfirst": 2}
+    runs.sort(key=lambda r: (r["suite"] != "natural", order.get(r["variant"], 3)))
+    return runs[0] if runs else None
+
+
+def _not_measured(ax: Any, what: str) -> None:
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"no {what} in this census (written by an older mechsink)",
+            ha="center", va="center", transform=ax.transAxes)
+
+
+@use_style
+def value_share(data: Mapping[str, Any], path: Path) -> Path:
+    """Per head, Gu's weight sink score against the value-weighted share of key 0 (one run),
+    and the share of sink heads that are dormant in every run (Guo et al. 2024)."""
+    eps = data["settings"].get("eps", 0.3)
+    run = natural_run(data, "value_share")
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.6), layout="constrained")
+    if run is None:
+        _not_measured(axes[0], "value-weighted sink share")
+        axes[1].axis("off")
+        return save(fig, path)
+    ax = axes[0]
+    weight = np.array([_nan(row) for row in run["sink_score"]])
+    share = np.array([_nan(row) for row in run["value_share"]])
+    layers = np.repeat(np.arange(weight.shape[0])[:, None], weight.shape[1], 1)
+    points = ax.scatter(weight.ravel(), share.ravel(), c=layers.ravel(), s=10, cmap=SCORE_CMAP)
+    ax.axvline(eps, color="grey", lw=0.8, ls=":")
+    ax.axhline(eps, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("sink score (Gu, attention weight on key 0)")
+    ax.set_ylabel("value-weighted share of key 0")
+    ax.set_title(f"{run['name']}: per head\n(dormant: right of and below the lines)")
+    ax.grid(alpha=0.3)
+    bar = fig.colorbar(points, ax=ax, label="layer")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
+    ax = axes[1]
+    runs = [r for r in data["runs"] if "value_share" in r]
+    x = np.arange(len(runs))
+    ax.bar(x, [np.nan if r.get("sink_heads_dormant_share") is None
+               else r["sink_heads_dormant_share"] for r in runs], color=PALETTE[0])
+    ax.set_xticks(x, [r["name"] for r in runs], rotation=35, ha="right")
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("dormant share of sink heads")
+    ax.set_title("sink heads (score > eps) whose\nvalue share is < eps")
+    ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{data['model']}: which sink heads write from the sink")
+    return save(fig, path)
+
+
+@use_style
+def secondary_sinks(data: Mapping[str, Any], path: Path) -> Path:
+    """Secondary sinks on one run: the largest head sink score of every key position per layer,
+    and the tokens that most often become secondary sinks (Wong et al. 2026)."""
+    run = natural_run(data, "secondary_sinks")
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 3.8), layout="constrained",
+                             width_ratios=(3, 2))
+    if run is None:
+        _not_measured(axes[0], "secondary sinks")
+        axes[1].axis("off")
+        return save(fig, path)
+    sec = run["secondary_sinks"]
+    ax = axes[0]
+    top = np.array([_nan(row) for row in sec["top_score"]])
+    peak = float(np.nanmax(top)) if np.isfinite(top).any() else 1.0
+    image = ax.imshow(top, aspect="auto", vmin=0, vmax=max(peak, 1e-6), cmap=SCORE_CMAP,
+                      origin="lower", interpolation="nearest")
+    ax.set_xlabel("position")
+    ax.set_ylabel("layer")
+    _layer_axis(ax, "x")
+    _layer_axis(ax, "y")
+    rate = sec.get("rate")
+    ax.set_title(f"{run['name']}: largest head score of key k, mean over sequences"
+                 f"\n(a sink in some layer: {0 if rate is None else rate:.1%} of keys)")
+    fig.colorbar(image, ax=ax, shrink=0.8, label="max_h mean_(i>k) A[h,i,k]")
+    ax = axes[1]
+    tokens = (sec.get("tokens") or [])[:10]
+    if tokens:
+        y = np.arange(len(tokens))[::-1]
+        ax.barh(y, [t["sinks"] for t in tokens], color=PALETTE[1])
+        ax.set_yticks(y, [repr(t["token"]) for t in tokens])
+        ax.set_xlabel(f"times a secondary sink (n = {run['n']})")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title("tokens that become\nsecondary sinks")
+    else:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no secondary sink", ha="center", va="center",
+                transform=ax.transAxes)
+    fig.suptitle(f"{data['model']}: secondary sinks")
+    return save(fig, path)
+
+
+@use_style
+def quantization(data: Mapping[str, Any], path: Path) -> Path:
+    """Simulated round-to-nearest error per layer of the residual stream and the down-projection
+    input (one run): int8 and int4, per tensor and per channel, with the outlier channels
+    quantized (solid) or kept in full precision (dashed)."""
+    run = natural_run(data, "quantization")
+    fig, axes = plt.subplots(1, 2, figsize=(PAGE_WIDTH, 4.0), layout="constrained",
+                             squeeze=False)
+    if run is None:
+        _not_measured(axes[0][0], "quantization errors")
+        axes[0][1].axis("off")
+        return save(fig, path)
+    q = run["quantization"]
+    for ax, site in zip(axes[0], ("residual", "down_proj_input"), strict=True):
+        if site not in q:
+            ax.axis("off")
+            continue
+        i = 0
+        for bits in ("int8", "int4"):
+            for gran in ("per_tensor", "per_channel"):
+                color = PALETTE[i % len(PALETTE)]
+                i += 1
+                for kept, ls in (("all", "-"), ("outliers_kept", "--")):
+                    label = f"{bits} {gran.replace('_', ' ')}" + (", kept" if ls == "--" else "")
+                    ax.plot(_nan(q[site][bits][gran][kept]), color=color, ls=ls, label=label)
+        ax.set_yscale("log")
+        ax.set_xlabel("layer")
+        _layer_axis(ax)
+        ax.set_ylabel("relative error, ordinary channels")
+        ax.set_title(f"{site.replace('_', ' ')} ({q[site]['hook']})")
+        ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, frameon=False,
+               title="dashed: outlier channels kept in full precision")
+    fig.suptitle(f"{data['model']}: simulated activation quantization ({run['name']})")
+    return save(fig, path)
+
+
 FIGURES = {"sink_scores.png": sink_heatmaps, "magnitudes.png": magnitudes,
            "norm_ratio.png": norm_ratios, "mlp_spikes.png": mlp_spikes,
-           "sink_rates.png": sink_rates, "variance.png": variance_profile}
+           "sink_rates.png": sink_rates, "variance.png": variance_profile,
+           "value_share.png": value_share, "secondary_sinks.png": secondary_sinks,
+           "quantization.png": quantization}
 
 #: figure -> (the census.json field of each run it draws, the census measurement writing it)
 NEEDS = {"sink_scores.png": ("sink_score", "sinks"),
