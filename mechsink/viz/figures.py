@@ -365,7 +365,10 @@ NEEDS = {"sink_scores.png": ("sink_score", "sinks"),
          "norm_ratio.png": ("first_token_norm_ratio", "norm_ratio"),
          "mlp_spikes.png": ("mlp_spikes", "mlp"),
          "sink_rates.png": ("sink_rate", "sinks"),
-         "variance.png": ("variance_discrepancy", "variance")}
+         "variance.png": ("variance_discrepancy", "variance"),
+         "value_share.png": ("value_share", "value_share"),
+         "secondary_sinks.png": ("secondary_sinks", "secondary"),
+         "quantization.png": ("quantization", "quantization")}
 
 
 def not_drawn(data: Mapping[str, Any]) -> dict[str, str]:
