@@ -38,7 +38,7 @@ import torch
 from mechsink.errors import BadInputError, MechsinkError
 from mechsink.experiments.result import ExperimentResult
 from mechsink.interventions.readout import measure
-from mechsink.interventions.stats import bootstrap_interval
+from mechsink.interventions.stats import mean_interval
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.settings import check_experiment_settings
@@ -123,7 +123,7 @@ def _sink_rate(model: Any, tokens: torch.Tensor, eps: float, batch_size: int) ->
     interval over prompts."""
     r = measure(model, tokens, batch_size=batch_size)
     rate = (r.scores > eps).double().flatten(1).mean(1)
-    return bootstrap_interval(rate).to_dict()
+    return mean_interval(rate).to_dict()
 
 
 def first_token_table(model: Any, n: int, seq_len: int, seed: int, eps: float,
