@@ -218,7 +218,8 @@ def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
 
     n, seq_len, seed, eps, bs = (settings[k] for k in ("n", "seq_len", "seed", "eps",
                                                        "batch_size"))
-    positions = sorted({max(1, seq_len // 4), max(1, seq_len // 2), max(1, 3 * seq_len // 4)})
+    # C4's positions: two early ones and the middle (each with queries after it)
+    positions = sorted({p for p in (4, 8, seq_len // 2) if 1 <= p < seq_len - 1})
     so, so_why = _step(folder / "structural_origin", key, lambda: structural_origin.run(
         model, model_name=name, n=n, seq_len=seq_len, positions=positions, batch_size=bs),
         "structural_origin")
