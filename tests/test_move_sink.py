@@ -180,3 +180,9 @@ def test_the_amplified_variance_dose_response_rises_monotonically_to_saturation(
     moved = want[-1] > 0.5 * zero_before and want[-1] > zero_after
     assert var[-1]["moved"] == moved and var[-1]["rose"] == (
         want[-1] >= max(0.1, 2 * want[0]))
+    moved_at = [w > 0.5 * zero_before and w > _hand_sink(0, k, a)
+                for w, a in zip(want, factors, strict=True)]
+    rose_at = [w >= max(0.1, 2 * want[0]) and w > want[0] + 1e-9 for w in want]
+    assert [r["moved"] for r in var] == moved_at and [r["rose"] for r in var] == rose_at
+    expected = "supported" if any(moved_at) else "partial" if any(rose_at) else "not supported"
+    assert move_verdict(var, curves)["verdict"] == expected
