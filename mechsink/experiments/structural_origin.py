@@ -81,7 +81,8 @@ def variance_part(model: Any, n: int, seq_len: int) -> dict:
 # --- C4: moving the sink to position k, each intervention as a dose-response -----------------
 
 MASK_STRENGTHS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-AMPLIFY_FACTORS: tuple[float, ...] = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+# SmolLM2-135M: the sink at k stops rising by a factor of 1024
+AMPLIFY_FACTORS: tuple[float, ...] = (4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0)
 PLANT_FACTORS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
 AMPLIFY_LAYER = 1  # the residual entering block 1: after the first attention has mixed values
 SATURATED_STEP = 0.02  # a curve is saturated when its last dose step moves the sink by less
@@ -147,13 +148,15 @@ def _move_row(k: int, name: str, dose: float, base: dict, after: dict) -> dict[s
 
 
 def _curve(k: int, name: str, doses: Sequence[float], scores: list) -> dict[str, Any]:
-    """Where one dose-response of the sink at k ends: its last step (paired over prompts) and
-    whether it saturated there."""
+    """Where one dose-response of the sink at k ends: its last step (paired over prompts),
+    whether it saturated there, and whether the grid reached the intervention's largest dose
+    (the mask's strength 1: full isolation; the factors have none)."""
     means = [float(v.mean()) for v in scores]
     step = chain.paired_interval(scores[-1], scores[-2]) if len(scores) > 1 else None
     return {"k": k, "intervention": name, "doses": [float(d) for d in doses],
             "sink_at_k": means, "last_step": None if step is None else step.to_dict(),
-            "saturated": None if step is None else abs(step.mean) < SATURATED_STEP}
+            "saturated": None if step is None else abs(step.mean) < SATURATED_STEP,
+            "full_dose": name == "self-only mask" and float(max(doses)) == 1.0}
 
 
 def move_the_sink(model: Any, tokens: Any, sn: dict, positions: list[int], *,
@@ -529,7 +532,9 @@ def _dosed_move_verdict(move: list[dict[str, Any]], curves: list[dict[str, Any]]
                      f"{chain_text(iv['sink_at_0_after'])}")
     if curves:
         sat = [c for c in curves if c.get("saturated")]
-        parts.append(f"{len(sat)} of {len(curves)} curves saturated")
+        full = [c for c in curves if c.get("full_dose") and not c.get("saturated")]
+        parts.append(f"{len(sat)} of {len(curves)} curves saturated" + (
+            f", {len(full)} more at full isolation (the mask's largest dose)" if full else ""))
     return {"verdict": verdict, "criterion": MOVE_CRITERION, "evidence": "; ".join(parts)}
 
 
@@ -594,6 +599,12 @@ def validation_table(validation: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _saturation(curve: dict[str, Any]) -> str:
+    if curve.get("full_dose") and not curve["saturated"]:
+        return "at full isolation"
+    return "yes" if curve["saturated"] else "no"
+
+
 def move_table(data: dict[str, Any]) -> list[str]:
     """C4 as a Markdown table: k x intervention x dose -> the sink at k and at 0 with their
     intervals, and whether the sink moved (results written before the doses: one row per k
@@ -628,7 +639,7 @@ def move_table(data: dict[str, Any]) -> list[str]:
                   "saturated |", "|---|---|---|---|---|---|"]
         lines += [f"| {c['k']} | {c['intervention']} | {', '.join(f'{d:g}' for d in c['doses'])}"
                   f" | {', '.join(f'{v:.3f}' for v in c['sink_at_k'])} | "
-                  f"{_cell(c['last_step'])} | {c['saturated']} |" for c in curves]
+                  f"{_cell(c['last_step'])} | {_saturation(c)} |" for c in curves]
     return lines
 
 
