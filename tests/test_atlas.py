@@ -62,8 +62,10 @@ def test_atlas_end_to_end_and_resumed(tmp_path, monkeypatch):
         assert cell["verdict"] and cell["criterion"] and cell["evidence"], claim
         if cell["link"]:
             assert (tmp_path / cell["link"] / "summary.md").is_file(), claim
-    # the organism has a query bias: C6 is judged, not "not applicable"
-    assert row["cells"]["C6"]["verdict"] in {"necessary", "dispensable", "undecided"}
+    # the organism has a query bias: C6 is judged, not "not applicable"; on 3 prompts (fewer
+    # than MIN_N_APART) its interval against the threshold is not called
+    assert row["cells"]["C6"]["verdict"] == "too few prompts to call"
+    assert "n=3" in row["cells"]["C6"]["evidence"]
     assert len(row["first_token"]) == 9
     assert "<table>" in (tmp_path / "atlas.html").read_text()
     assert "| C1 variance discrepancy" in (tmp_path / "summary.md").read_text()

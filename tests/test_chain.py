@@ -21,6 +21,7 @@ from mechsink.measure._cache import hook_names
 from mechsink.model import act_name, down_projection, wrap_hf
 
 D, HD, N_POS = 16, 8, 16
+N_PROMPTS = 8  # MIN_N_APART: the fewest prompts a set-validation verdict is called on
 CONST, DET, MASSIVE, BULK = 0, 1, 2, 15
 NEURONS, SHARES = (3, 5, 6), (0.70, 0.27, 0.03)
 G = 3000.0  # gate and up weights on the detector channel
@@ -75,8 +76,8 @@ def planted():
 @pytest.fixture(scope="module")
 def tokens():
     gen = torch.Generator().manual_seed(0)
-    body = torch.randint(2, 200, (6, N_POS - 1), generator=gen)
-    return torch.cat([torch.ones(6, 1, dtype=torch.long), body], 1)
+    body = torch.randint(2, 200, (N_PROMPTS, N_POS - 1), generator=gen)
+    return torch.cat([torch.ones(N_PROMPTS, 1, dtype=torch.long), body], 1)
 
 
 # --- the hand computation ----------------------------------------------------------------------
@@ -127,8 +128,8 @@ def _expected_half_dose() -> float:
 
 def test_the_planted_model_computes_what_the_hand_computation_says(planted, tokens):
     r = chain.measure(planted, tokens, channels=[MASSIVE])
-    assert r.channels[:, 0, 0] == pytest.approx(torch.full((6,), _channel(1.0)), rel=1e-4)
-    assert r.scores[:, 1, 0] == pytest.approx(torch.full((6,), _gu_score(_channel(1.0))),
+    assert r.channels[:, 0, 0] == pytest.approx(torch.full((N_PROMPTS,), _channel(1.0)), rel=1e-4)
+    assert r.scores[:, 1, 0] == pytest.approx(torch.full((N_PROMPTS,), _gu_score(_channel(1.0))),
                                               abs=1e-5)
 
 
@@ -171,7 +172,7 @@ def test_channel_surgery_sets_the_median_of_later_positions(planted, tokens):
         _, cache = planted.run_with_cache(tokens, names_filter=[name])
     assert cache[name][:, 0, MASSIVE].abs().max() < 1e-6  # later positions carry 0 there
     r = chain.measure(planted, tokens, edits, channels=[MASSIVE])
-    assert r.scores[:, 1, 0] == pytest.approx(torch.full((6,), _gu_score(0.0)), abs=1e-5)
+    assert r.scores[:, 1, 0] == pytest.approx(torch.full((N_PROMPTS,), _gu_score(0.0)), abs=1e-5)
     # the direction version with the channel's own axis does the same
     u = torch.zeros(D)
     u[MASSIVE] = 1.0
@@ -190,7 +191,7 @@ def test_scaling_a_residual_channel_and_its_direction_agree(planted, tokens):
     a = chain.measure(planted, tokens, chain.channel_set(planted, [MASSIVE], [1]).edits(0.3))
     b = chain.measure(planted, tokens, chain.direction_set(planted, u, [1]).edits(0.3))
     assert a.scores[:, 1, 0] == pytest.approx(
-        torch.full((6,), _gu_score(0.3 * _channel(1.0))), abs=1e-5)
+        torch.full((N_PROMPTS,), _gu_score(0.3 * _channel(1.0))), abs=1e-5)
     assert torch.allclose(a.scores, b.scores, atol=1e-6)
 
 

@@ -38,16 +38,27 @@ def test_structural_origin_script_runs_end_to_end(tmp_path):
     out = tmp_path / "origin"
     subprocess.run([sys.executable, str(ROOT / "circuits" / "structural_origin.py"),
                     "--model", "random:llama-tiny", "--out", str(out), "--n", "4",
-                    "--seq-len", "24", "--positions", "4", "--doses", "0", "0.5", "1"],
+                    "--seq-len", "24", "--positions", "4", "--doses", "0", "0.5", "1",
+                    "--mask-strengths", "0.5", "1", "--amplify-factors", "2", "8",
+                    "--plant-factors", "1"],
                    check=True, capture_output=True, text=True)
     result = json.loads((out / "result.json").read_text())
-    assert result["schema"] == "mechsink-structural-origin/2"
+    assert result["schema"] == "mechsink-structural-origin/3"
     curve = result["dose_response"]["creating_set"]
     assert [r["dose"] for r in curve["rows"]] == [0.0, 0.5, 1.0]
     for row in curve["rows"]:  # every figure carries its interval
         assert row["sink_rate"]["low"] <= row["sink_rate"]["mean"] <= row["sink_rate"]["high"]
-    assert {r["intervention"] for r in result["move"]} == {"self-only mask", "norm amplified",
-                                                            "channel planted"}
+    assert {r["intervention"] for r in result["move"]} == {
+        "self-only mask", "variance amplified", "norm amplified", "channel planted",
+        "mask + variance"}
+    assert [(r["intervention"], r["dose"]) for r in result["move"]][:4] == [
+        ("self-only mask", 0.5), ("self-only mask", 1.0), ("variance amplified", 2.0),
+        ("variance amplified", 8.0)]
+    assert len(result["move_curves"]) == 5
+    for r in result["move"]:  # every figure with its interval and n; 4 prompts: not called
+        assert r["intervals"]["sink_at_k_after"]["n"] == 4 and r["moved"] is None
+    assert result["verdicts"]["C4"]["verdict"] == "too few prompts to call"
+    assert result["verdicts"]["C3"]["verdict"] in ("too few prompts to call", "not measured")
     assert {"C1", "C2", "C3", "C4", "C2, the set that carries the sink"} <= set(
         result["verdicts"])
     validation = result["set_validation"]  # every set zeroed against a random twin, or why not
@@ -117,9 +128,10 @@ def test_p0_sink_runs_end_to_end(tmp_path):
 def test_structural_origin_on_smollm2_moves_the_sink():
     """The self-only mask makes position 8 a sink in the real model (Li, Jiang, Sun et al. 2026)."""
     result = structural_origin.run(load_model("smollm2-135m", device="cpu"), n=4, seq_len=32,
-                                   positions=[8], doses=[0.0, 0.5, 1.0]).data
+                                   positions=[8], doses=[0.0, 0.5, 1.0], mask_strengths=[1.0],
+                                   amplify_factors=[8.0], plant_factors=[1.0]).data
     mask = next(r for r in result["move"] if r["intervention"] == "self-only mask")
-    assert mask["sink_at_k_after"] > 5 * mask["sink_at_k_before"]
+    assert mask["dose"] == 1.0 and mask["sink_at_k_after"] > 5 * mask["sink_at_k_before"]
     assert result["super_neuron"]["channel"] == 507  # SmolLM2's massive channel
     assert result["super_neuron_sets"]["channel"] == 507
 
@@ -182,7 +194,7 @@ def test_gemma3_block_5_names_the_channel_but_block_3_carries_the_sink():
     from mechsink.model import load_model
 
     model = load_model("gemma3-270m", device="cpu")
-    tokens = make_prompts(model, "natural", "bos", n=4, seq_len=32).tokens
+    tokens = make_prompts(model, "natural", "bos", n=8, seq_len=32).tokens  # 8: called
     found = massive_channel_sets(model, tokens)
     assert found.channel == 163 and found.creating_layer == 5
     s3, s5 = found.sets[3], found.sets[5]

@@ -39,7 +39,7 @@ import torch
 from mechsink.errors import BadInputError, MechsinkError
 from mechsink.experiments.result import ExperimentResult
 from mechsink.interventions.readout import measure
-from mechsink.interventions.stats import bootstrap_interval
+from mechsink.interventions.stats import mean_interval
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.settings import check_experiment_settings
@@ -124,7 +124,7 @@ def _sink_rate(model: Any, tokens: torch.Tensor, eps: float, batch_size: int) ->
     interval over prompts."""
     r = measure(model, tokens, batch_size=batch_size)
     rate = (r.scores > eps).double().flatten(1).mean(1)
-    return bootstrap_interval(rate).to_dict()
+    return mean_interval(rate).to_dict()
 
 
 def first_token_table(model: Any, n: int, seq_len: int, seed: int, eps: float,
@@ -235,7 +235,8 @@ def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
 
     n, seq_len, seed, eps, bs = (settings[k] for k in ("n", "seq_len", "seed", "eps",
                                                        "batch_size"))
-    positions = sorted({max(1, seq_len // 4), max(1, seq_len // 2), max(1, 3 * seq_len // 4)})
+    # C4's positions: two early ones and the middle (each with queries after it)
+    positions = sorted({p for p in (4, 8, seq_len // 2) if 1 <= p < seq_len - 1})
     so, so_why = _step(folder / "structural_origin", key, lambda: structural_origin.run(
         model, model_name=name, n=n, seq_len=seq_len, positions=positions, batch_size=bs),
         "structural_origin")

@@ -225,7 +225,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
 
 
 def _iv(d: dict[str, Any] | None) -> chain.Interval | None:
-    return None if d is None else chain.Interval(d["mean"], d["low"], d["high"])
+    return None if d is None else chain.Interval.from_dict(d)
 
 
 def verdicts(data: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -242,15 +242,17 @@ def verdicts(data: dict[str, Any]) -> dict[str, dict[str, str]]:
         after = _iv(row["late_sink_score"])
         if clean is None or after is None:
             continue
-        apart = not clean.overlaps(after)
-        verdict = ("supported" if apart and after.mean < 0.5 * clean.mean else
+        apart = chain.apart(clean, after)
+        verdict = (chain.TOO_FEW if apart is None else
+                   "supported" if apart and after.mean < 0.5 * clean.mean else
                    "partial" if apart and after.mean < clean.mean else "not supported")
         ch = row["channel"]
         out[f"through the channel: {row['path']}"] = {
             "verdict": verdict,
             "criterion": "supported if this path's removal drops the late-layer sink score "
                          "below half its clean value with non-overlapping 95% intervals; "
-                         "partial if apart but smaller",
+                         "partial if apart but smaller; not called with fewer than "
+                         f"{chain.MIN_N_APART} prompts",
             "evidence": f"late-layer sink score {clean} -> {after}; channel at position 0 "
                         f"{ch['mean']:.1f}" if ch else f"{clean} -> {after}"}
     half = data["through_channel"]["dose_response"]["half_effect"]

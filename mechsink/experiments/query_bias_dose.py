@@ -1,5 +1,6 @@
 """The query-bias circuit through the dose-response machinery: each part of the circuit scaled
-from full removal (0) to three times its size, with 95% intervals over prompts.
+from full removal (0) to three times its size, with 95% intervals over prompts (no verdict below
+8 prompts: :data:`mechsink.interventions.stats.MIN_N_APART`).
 
 The parts (a 2026 study of GPT-2-style models names them: the query bias, the layer-0 MLP at
 position 0, structure in W_K): ``b_Q`` of the sink heads' layers (every query changes); only
@@ -26,7 +27,13 @@ from mechsink.interventions.bias_targets import (
     query_bias_set,
 )
 from mechsink.interventions.dose import DEFAULT_DOSES, dose_response
-from mechsink.interventions.stats import LEVEL
+from mechsink.interventions.stats import (
+    LEVEL,
+    MIN_N_APART,
+    TOO_FEW,
+    Interval,
+    interval_text,
+)
 from mechsink.interventions.targets import Target
 from mechsink.model import query_bias
 from mechsink.settings import check_experiment_settings
@@ -44,10 +51,12 @@ def _verdict(clean: dict[str, float], removed: dict[str, float]) -> tuple[str, s
     criterion = (f"at full removal (dose 0) the sink heads' mean score at key 0 is below "
                  f"{NECESSARY:.0%} of its clean value (the whole {LEVEL:.0%} interval over "
                  "prompts below: necessary; the whole interval above: dispensable; "
+                 f"not called with fewer than {MIN_N_APART} prompts; "
                  "otherwise undecided)")
-    evidence = (f"clean {clean['mean']:.3f} [{clean['low']:.3f}, {clean['high']:.3f}], removed "
-                f"{removed['mean']:.3f} [{removed['low']:.3f}, {removed['high']:.3f}], "
-                f"threshold {bound:.3f}")
+    evidence = f"clean {interval_text(clean)}, removed {interval_text(removed)}, " \
+               f"threshold {bound:.3f}"
+    if not Interval.from_dict(removed).callable:
+        return TOO_FEW, criterion, evidence
     if removed["high"] < bound:
         return "necessary", criterion, evidence
     if removed["low"] > bound:
@@ -115,7 +124,7 @@ def _cell(x: dict[str, Any] | None) -> str:
     """An interval as text; one that has zero width carries its reason."""
     if x is None:
         return "-"
-    text = f"{x['mean']:.3f} [{x['low']:.3f}, {x['high']:.3f}]"
+    text = interval_text(x)
     return text + (f" ({x['note']})" if x.get("note") else "")
 
 
@@ -124,7 +133,8 @@ def summary(data: dict[str, Any]) -> str:
     lines = [f"# Query-bias circuit, dose-response, on {data['model']}", "",
              f"Inputs: {data['n']} sequences of {data['seq_len']} tokens ({data['inputs']}). "
              f"Dosed layers (of the strongest sink heads): {data['layers']}. Intervals: "
-             f"{LEVEL:.0%} bootstrap over prompts.", ""]
+             f"{LEVEL:.0%} over prompts (Student's t below 64 prompts, percentile bootstrap "
+             "from 64).", ""]
     if "not_applicable" in data:
         return "\n".join([*lines, f"Not applicable: {data['not_applicable']}.", ""])
     for name, curve in data["curves"].items():

@@ -10,14 +10,19 @@ self-concentration at position 0 and the value non-mixing it causes).
 3. Dose-response to saturation (:mod:`mechsink.interventions.chain`): the creating block's complete
    set (and every set that builds the channel, and the top neuron alone) scaled by factors 0..3 at
    position 0; per dose the channel, the late-layer sink score, Gu et al.'s sink rate and the loss
-   with 95% bootstrap intervals over prompts, and the half-effect dose.
+   with 95% intervals over prompts (Student's t below 64 prompts), and the half-effect dose.
 4. Channel surgery: the channel, or the top direction of position 0's residual, set to its
    median over later positions after the creating block (one block, or every block on).
 5. Key-logit split of the three strongest sink heads: massive channel, rest, key bias, rotary.
-6. Moving the sink to position k: (i) position k attends only to itself in every layer;
-   (ii) token k's residual scaled up to position 0's norm at layer 1; (iii) the massive channel
-   planted at k right after the creating block (position 0's value). Sink at k and at 0,
-   and the channel at k, before and after.
+6. Moving the sink to position k (C4), every intervention as a dose-response up to saturation
+   at each k (:data:`INTERVENTIONS`): (i) the self-only mask, dosed by the share of isolation
+   (the query's attention row mixed toward one-hot on itself, in every layer); (ii) the
+   variance of token k amplified as the paper defines it (its deviation from the mean over
+   sequences at k multiplied by a factor, entering block 1), with the earlier readings kept as
+   named variants (the norm amplified: x_k times a factor; the massive channel planted at k as
+   a multiple of position 0's value); and the mask and the variance together. Per dose the
+   sink at k and at 0 with intervals over prompts, judged on paired intervals against the
+   original sink at 0.
 
 Every verdict is read off a curve or a table and carries its criterion.
 """
@@ -31,13 +36,24 @@ from typing import Any
 
 import torch
 
+from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
-from mechsink.interventions.edits import ablate, attend_only_to_self, scale_tokens
-from mechsink.interventions.readout import massive_channel_sets, sink_readout
+from mechsink.interventions.dose import late_values
+from mechsink.interventions.edits import (
+    ablate,
+    amplify_deviation,
+    attend_only_to_self,
+    scale_tokens,
+)
+from mechsink.interventions.readout import massive_channel_sets, read_with_edits, resid_at
 from mechsink.interventions.set_validation import validate_sets
+from mechsink.interventions.stats import interval_text as chain_text
+from mechsink.measure import sink_scores
 from mechsink.measure.forward import measure_forward, of_cache
+from mechsink.measure.sinks import DEFAULT_EPS
+from mechsink.measure.sinks import HOOKS as PATTERN_HOOKS
 from mechsink.measure.variance import HOOKS as VARIANCE_HOOKS
 from mechsink.measure.variance import variance_stats
 from mechsink.model import act_name
@@ -45,7 +61,7 @@ from mechsink.settings import check_experiment_settings
 
 FIGURE = "structural_origin.png"
 
-SCHEMA = "mechsink-structural-origin/2"
+SCHEMA = "mechsink-structural-origin/3"  # /3: intervals with method and n, C4 dosed
 
 
 def variance_part(model: Any, n: int, seq_len: int) -> dict:
@@ -62,33 +78,134 @@ def variance_part(model: Any, n: int, seq_len: int) -> dict:
     return out
 
 
-def move_the_sink(model, tokens, sn: dict, positions: list[int]) -> list[dict]:
+# --- C4: moving the sink to position k, each intervention as a dose-response -----------------
+
+MASK_STRENGTHS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
+# SmolLM2-135M: the sink at k stops rising by a factor of 1024
+AMPLIFY_FACTORS: tuple[float, ...] = (4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0)
+PLANT_FACTORS: tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+AMPLIFY_LAYER = 1  # the residual entering block 1: after the first attention has mixed values
+SATURATED_STEP = 0.02  # a curve is saturated when its last dose step moves the sink by less
+
+INTERVENTIONS = {
+    "self-only mask": "strength s: query k's attention row becomes (1 - s) its own + s one-hot "
+                      "on k, in every layer (s = 1: k sees only itself, as position 0 does)",
+    "variance amplified": "factor a: x_k <- m_k + a (x_k - m_k), m_k the mean over sequences at "
+                          f"k, in the residual entering block {AMPLIFY_LAYER} (the variance "
+                          "over sequences at k times a^2)",
+    "norm amplified": f"factor a: x_k <- a x_k in the residual entering block {AMPLIFY_LAYER}",
+    "channel planted": "factor f: the massive channel at k set to f x position 0's mean value "
+                       "there, in the residual entering the block after the creating one",
+    "mask + variance": "the self-only mask at s = 1 and the variance amplified by a",
+}
+
+
+def _move_read(model: Any, tokens: Any, edits: list, keys: Sequence[int], channel: int,
+               batch_size: int, eps: float) -> dict[int, dict[str, Any]]:
+    """One run with ``edits``: per prompt, the sink score at each key (queries after it, mean
+    over every layer and head), Gu's sink rate there, and the channel at each key after every
+    block (mean over prompts)."""
+    n_layers = int(model.cfg.n_layers)
+    wanted = {}
+    for k in keys:
+        wanted[f"s{k}"] = of_cache(PATTERN_HOOKS, lambda c, k=k: sink_scores(c, k, eps))
+        wanted[f"c{k}"] = resid_at(n_layers, k, channel)
+    got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
+    out: dict[int, dict[str, Any]] = {}
+    for k in keys:
+        per = got[f"s{k}"].per_sequence(False).double()
+        out[k] = {"score": per.mean((1, 2)), "rate": float((per > eps).double().mean()),
+                  "channel": float(got[f"c{k}"].double().mean(0).abs().max())}
+    return out
+
+
+def _move_row(k: int, name: str, dose: float, base: dict, after: dict) -> dict[str, Any]:
+    """One (k, intervention, dose): means as before, and their intervals: each figure's, and
+    the paired ones the criterion reads (the sink at k after against half the original sink at
+    0, against what 0 keeps, and against k before)."""
+    k_after, zero_after = after[k]["score"], after[0]["score"]
+    k_before, zero_before = base[k]["score"], base[0]["score"]
+    iv = {"sink_at_k_before": chain.mean_interval(k_before),
+          "sink_at_k_after": chain.mean_interval(k_after),
+          "sink_at_0_before": chain.mean_interval(zero_before),
+          "sink_at_0_after": chain.mean_interval(zero_after),
+          "k_over_half_original": chain.paired_interval(k_after, 0.5 * zero_before),
+          "k_over_0_after": chain.paired_interval(k_after, zero_after),
+          "rise_at_k": chain.paired_interval(k_after, k_before)}
+    ok = iv["k_over_half_original"].callable
+    moved = None if not ok else bool(iv["k_over_half_original"].low > 0
+                                      and iv["k_over_0_after"].low > 0)
+    rose = None if not ok else bool(iv["rise_at_k"].low > 0 and float(k_after.mean())
+                                     >= max(0.1, 2 * float(k_before.mean())))
+    return {"k": k, "intervention": name, "dose": dose,
+            "sink_at_k_before": float(k_before.mean()), "sink_at_k_after": float(k_after.mean()),
+            "rate_at_k_after": after[k]["rate"],
+            "sink_at_0_before": float(zero_before.mean()),
+            "sink_at_0_after": float(zero_after.mean()),
+            "channel_at_k_before": base[k]["channel"], "channel_at_k_after": after[k]["channel"],
+            "intervals": {key: v.to_dict() for key, v in iv.items()},
+            "moved": moved, "rose": rose}
+
+
+def _curve(k: int, name: str, doses: Sequence[float], scores: list) -> dict[str, Any]:
+    """Where one dose-response of the sink at k ends: its last step (paired over prompts),
+    whether it saturated there, and whether the grid reached the intervention's largest dose
+    (the mask's strength 1: full isolation; the factors have none)."""
+    means = [float(v.mean()) for v in scores]
+    step = chain.paired_interval(scores[-1], scores[-2]) if len(scores) > 1 else None
+    return {"k": k, "intervention": name, "doses": [float(d) for d in doses],
+            "sink_at_k": means, "last_step": None if step is None else step.to_dict(),
+            "saturated": None if step is None else abs(step.mean) < SATURATED_STEP,
+            "full_dose": name == "self-only mask" and float(max(doses)) == 1.0}
+
+
+def move_the_sink(model: Any, tokens: Any, sn: dict, positions: list[int], *,
+                  mask_strengths: Sequence[float] = MASK_STRENGTHS,
+                  amplify_factors: Sequence[float] = AMPLIFY_FACTORS,
+                  plant_factors: Sequence[float] = PLANT_FACTORS, batch_size: int = 8,
+                  eps: float = DEFAULT_EPS) -> tuple[list[dict], list[dict]]:
+    """C4: each intervention of :data:`INTERVENTIONS` at each of its doses and each position
+    k, read per prompt against the clean run. Returns the rows (one per k, intervention,
+    dose) and the curves (one per k and intervention: saturated or not)."""
+    channel = sn["channel"]
+    n_layers = int(model.cfg.n_layers)
     keys = [0, *positions]
-    base = sink_readout(model, tokens, positions=keys, include_self=False, channel=sn["channel"])
-    plant_layer = min(sn["layer"] + 1, model.cfg.n_layers - 1)  # after the creating block
+    base = _move_read(model, tokens, [], keys, channel, batch_size, eps)
+    layer = min(AMPLIFY_LAYER, n_layers - 1)
+    plant_layer = min(sn["layer"] + 1, n_layers - 1)  # after the creating block
     with torch.no_grad():
         _, cache = model.run_with_cache(tokens, names_filter=lambda h: h in (
-            act_name("resid_pre", 1), act_name("resid_pre", plant_layer)))
-    norms = cache[act_name("resid_pre", 1)].norm(dim=-1).mean(0)  # [pos]
-    massive = cache[act_name("resid_pre", plant_layer)][:, 0, sn["channel"]].mean().item()
-    rows = []
+            act_name("resid_pre", layer), act_name("resid_pre", plant_layer)))
+    resid = cache[act_name("resid_pre", layer)].double()
+    centers = resid.mean(0)  # [pos, d_model]: mean over sequences, fixed on every prompt
+    massive = cache[act_name("resid_pre", plant_layer)][:, 0, channel].double().mean().item()
+    del cache, resid
+    all_layers = range(n_layers)
+    rows, curves = [], []
     for k in positions:
-        edits = {"self-only mask": attend_only_to_self(model, range(model.cfg.n_layers), k),
-                 "norm amplified": [scale_tokens(model, 1, [k], (norms[0] / norms[k]).item())],
-                 "channel planted": [ablate(model, "hook_resid_pre", plant_layer, mode="set",
-                                            value=massive, units=[sn["channel"]],
-                                            positions=[k])]}
-        for name, interventions in edits.items():
-            after = sink_readout(model, tokens, interventions, positions=[0, k],
-                                 include_self=False, channel=sn["channel"])
-            rows.append({"k": k, "intervention": name,
-                         "sink_at_k_before": base.mean_score(k), "sink_at_k_after":
-                         after.mean_score(k), "rate_at_k_after": after.rates[k],
-                         "sink_at_0_before": base.mean_score(0),
-                         "sink_at_0_after": after.mean_score(0),
-                         "channel_at_k_before": base.channel_values[k].abs().max().item(),
-                         "channel_at_k_after": after.channel_values[k].abs().max().item()})
-    return rows
+        grids = {
+            "self-only mask": (mask_strengths, lambda s, k=k: attend_only_to_self(
+                model, all_layers, k, strength=s)),
+            "variance amplified": (amplify_factors, lambda a, k=k: [amplify_deviation(
+                model, layer, [k], a, centers[k:k + 1])]),
+            "norm amplified": (amplify_factors, lambda a, k=k: [scale_tokens(model, layer, [k],
+                                                                             a)]),
+            "channel planted": (plant_factors, lambda f, k=k: [ablate(
+                model, "hook_resid_pre", plant_layer, mode="set", value=f * massive,
+                units=[channel], positions=[k])]),
+            "mask + variance": (amplify_factors, lambda a, k=k: [
+                *attend_only_to_self(model, all_layers, k),
+                amplify_deviation(model, layer, [k], a, centers[k:k + 1])]),
+        }
+        for name, (doses, make) in grids.items():
+            scores = []
+            for dose in doses:
+                after = _move_read(model, tokens, make(float(dose)), [0, k], channel,
+                                   batch_size, eps)
+                rows.append(_move_row(k, name, float(dose), base, after))
+                scores.append(after[k]["score"])
+            curves.append(_curve(k, name, doses, scores))
+    return rows, curves
 
 
 def channel_life(values: list[float]) -> dict[str, dict]:
@@ -131,10 +248,14 @@ def _surgery(model: Any, tokens: Any, channel: int, layer: int, frame: chain.Fra
             model, u, layer, every_layer_from=True),
     }
     rows = []
+    base = late_values(clean, frame)
     for name, edits in conditions.items():
         r = clean if not edits else chain.measure(model, tokens, edits, channels=[channel],
                                                   batch_size=batch_size)
-        rows.append({"condition": name, **chain.summarise(r, frame).to_dict()})
+        after = late_values(r, frame)
+        drop = None if base is None or after is None or not edits else \
+            chain.paired_interval(base, after).to_dict()
+        rows.append({"condition": name, **chain.summarise(r, frame).to_dict(), "drop": drop})
     rows[0]["direction_weight_on_channel"] = float(u[channel])
     return rows
 
@@ -147,15 +268,28 @@ def _strongest_sink_heads(clean: chain.Readout, frame: chain.Frame, k: int = 3) 
 
 
 def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int = 64,
-        positions: Sequence[int] = (8, 16, 32),
-        doses: Sequence[float] = chain.DEFAULT_DOSES, batch_size: int = 8) -> ExperimentResult:
+        positions: Sequence[int] = (4, 8, 32),
+        doses: Sequence[float] = chain.DEFAULT_DOSES,
+        mask_strengths: Sequence[float] = MASK_STRENGTHS,
+        amplify_factors: Sequence[float] = AMPLIFY_FACTORS,
+        plant_factors: Sequence[float] = PLANT_FACTORS,
+        batch_size: int = 8) -> ExperimentResult:
     """Measure the parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first).
 
     ``n``: natural sequences; ``seq_len``: tokens per sequence; ``positions``: positions k the
     sink is moved to; ``doses``: the factors the complete super-neuron sets are scaled by
-    (must include 0 and 1); ``batch_size``: sequences per forward.
+    (must include 0 and 1); ``mask_strengths``: the self-only mask's strengths in [0, 1];
+    ``amplify_factors``: the factors of the variance and norm amplifications;
+    ``plant_factors``: the planted channel's value as multiples of position 0's;
+    ``batch_size``: sequences per forward.
     """
     check_experiment_settings("structural_origin", locals())  # before any work, as the CLI does
+    if any(not 0.0 < float(x) <= 1.0 for x in mask_strengths):
+        raise BadInputError(f"mask_strengths must lie in (0, 1] (1: position k sees only "
+                            f"itself), got {list(mask_strengths)}.")
+    if min(len(mask_strengths), len(amplify_factors), len(plant_factors)) < 1:
+        raise BadInputError("mask_strengths, amplify_factors and plant_factors need at least "
+                            "one dose each.")
     grid = [float(d) for d in doses]
     tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
     found = massive_channel_sets(model, tokens)
@@ -200,7 +334,10 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
                                          creating_dr.frame, clean, batch_size)},
             "key_logits": [chain.key_logit_split(model, tokens, lay, h, [channel]).to_dict()
                            for lay, h in _strongest_sink_heads(clean, creating_dr.frame)],
-            "move": move_the_sink(model, tokens, sn, list(positions))}
+            "move_interventions": INTERVENTIONS}
+    data["move"], data["move_curves"] = move_the_sink(
+        model, tokens, sn, list(positions), mask_strengths=mask_strengths,
+        amplify_factors=amplify_factors, plant_factors=plant_factors, batch_size=batch_size)
     data["channel_life"] = channel_life(sn["channel_at_pos0"])
     data["verdicts"] = verdicts(data)
     return ExperimentResult("structural_origin", data)
@@ -210,19 +347,27 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
 
 
 def _iv(d: dict[str, Any] | None) -> chain.Interval | None:
-    return None if d is None else chain.Interval(d["mean"], d["low"], d["high"])
+    return None if d is None else chain.Interval.from_dict(d)
 
 
-def _drop_verdict(clean: dict | None, removed: dict | None, what: str) -> tuple[str, str]:
-    """'supported' when ``removed`` is below half of ``clean`` and their intervals do not
-    overlap; 'partial' when the intervals are apart but the drop is smaller."""
+def _drop_verdict(clean: dict | None, removed: dict | None, what: str,
+                  drop: dict | None = None) -> tuple[str, str]:
+    """'supported' when ``removed`` is below half of ``clean`` and the removal is resolved:
+    the paired interval of the per-prompt drop (clean - removed) above 0 where it was
+    recorded, else the two intervals apart; 'partial' when resolved but the drop is smaller;
+    'too few prompts to call' below :data:`~mechsink.interventions.stats.MIN_N_APART`."""
     c, r = _iv(clean), _iv(removed)
     if c is None or r is None:
         return "not measured", f"no {what} to compare (no sink heads in the late layers)"
-    apart = not c.overlaps(r)
-    verdict = ("supported" if apart and r.mean < 0.5 * c.mean else
-               "partial" if apart and r.mean < c.mean else "not supported")
-    return verdict, f"{what} {c} clean -> {r} removed"
+    d = _iv(drop)
+    evidence = f"{what} {c} clean -> {r} removed" + (
+        "" if d is None else f", paired drop {d}")
+    resolved = chain.apart(c, r) if d is None else (d.low > 0 if d.callable else None)
+    if resolved is None:
+        return chain.TOO_FEW, evidence
+    verdict = ("supported" if resolved and r.mean < 0.5 * c.mean else
+               "partial" if resolved and r.mean < c.mean else "not supported")
+    return verdict, evidence
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
@@ -257,20 +402,22 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
     if "set_validation" in result:
         out["C2, the set that carries the sink"] = carrier_verdict(result["set_validation"])
     verdict, ev = _drop_verdict(clean["late_sink_score"], off["late_sink_score"],
-                                "late-layer sink score")
+                                "late-layer sink score", main["half_effect"].get("drop"))
     _, ev_rate = _drop_verdict(clean["sink_rate"], off["sink_rate"], "sink rate")
     out["C3"] = {
         "verdict": verdict,
         "criterion": "supported if removing the complete set (factor 0) drops the late-layer "
-                     "sink score below half its clean value with non-overlapping 95% intervals; "
-                     "partial if the intervals are apart but the drop is smaller",
+                     "sink score below half its clean value and the paired 95% interval of the "
+                     "per-prompt drop excludes 0; partial if it excludes 0 but the drop is "
+                     f"smaller; not called with fewer than {chain.MIN_N_APART} prompts",
         "evidence": f"{ev}; {ev_rate}"}
     curve, curve_verdict = main, verdict
     builders = curves.get("all_builders")
     if builders:
         brows = {r["dose"]: r for r in builders["rows"]}
         b_verdict, b_ev = _drop_verdict(brows[1.0]["late_sink_score"],
-                                        brows[0.0]["late_sink_score"], "late-layer sink score")
+                                        brows[0.0]["late_sink_score"], "late-layer sink score",
+                                        builders["half_effect"].get("drop"))
         out["C3, every building block"] = {
             "verdict": b_verdict,
             "criterion": "as C3, removing the complete sets of every block that writes the "
@@ -278,10 +425,10 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                          "the complete intervention)",
             "evidence": f"{b_ev}; channel {abs(brows[1.0]['channel']['mean']):.1f} clean -> "
                         f"{abs(brows[0.0]['channel']['mean']):.1f}"}
-        if verdict == "not supported" and b_verdict != "not supported":
+        if verdict == "not supported" and b_verdict not in ("not supported", chain.TOO_FEW):
             curve, curve_verdict = builders, b_verdict
     half = curve["half_effect"]
-    if half["dose"] is not None and curve_verdict != "not supported":
+    if half["dose"] is not None and curve_verdict in ("supported", "partial"):
         # a half-effect dose only means something on a curve whose full removal moves the sink
         out["saturation"] = {
             "verdict": "saturating" if half["dose"] < 0.5 else "graded",
@@ -307,7 +454,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                   and "every" in name), None)
     if every is not None:
         v, ev = _drop_verdict(surgery["clean"]["late_sink_score"], every["late_sink_score"],
-                              "late-layer sink score")
+                              "late-layer sink score", every.get("drop"))
         out["channel carries the sink"] = {
             "verdict": v,
             "criterion": "supported if setting the massive channel at position 0 to its median "
@@ -315,7 +462,7 @@ def verdicts(result: dict[str, Any]) -> dict[str, dict[str, str]]:
                          "drops the late-layer sink score below half with non-overlapping "
                          "intervals",
             "evidence": ev}
-    out["C4"] = move_verdict(result["move"])
+    out["C4"] = move_verdict(result["move"], result.get("move_curves"))
     return out
 
 
@@ -330,13 +477,14 @@ def carrier_verdict(validation: dict[str, Any]) -> dict[str, str]:
                 "evidence": validation["not_applicable"]}
     checks = validation["sets"]
     carrier = validation["carrier_block"]
-    iv = lambda d: "n/a" if d is None else (  # noqa: E731
-        f"{d['mean']:.3g} [{d['low']:.3g}, {d['high']:.3g}]")
+    iv = lambda d: chain_text(d, ".3g")  # noqa: E731
     ch = str(checks[0]["channel"]) if checks else None
     clean = validation["clean"].get(ch, {}) if ch is not None else {}
     carrying = [c for c in checks if c["verdict"] == "carries the sink"]
     moving = [c for c in checks if c["verdict"] == "moves the sink"]
-    verdict = "supported" if carrying else "partial" if moving else "not supported"
+    too_few = bool(checks) and all(c["verdict"].startswith(chain.TOO_FEW) for c in checks)
+    verdict = ("supported" if carrying else "partial" if moving else
+               chain.TOO_FEW if too_few else "not supported")
     best = next((c for c in checks if c["layer"] == carrier), None)
     evidence = (f"{len(carrying)} of {len(checks)} blocks' sets carry the sink, {len(moving)} "
                 f"move it; clean late-layer sink score {iv(clean.get('late_sink_score'))}")
@@ -351,10 +499,54 @@ def carrier_verdict(validation: dict[str, Any]) -> dict[str, str]:
             "carrier_block": "none" if carrier is None else str(carrier)}
 
 
-def move_verdict(move: list[dict[str, Any]]) -> dict[str, str]:
+MOVE_CRITERION = (
+    "supported if at some position k some intervention, at some dose, leaves k with a sink "
+    "score (queries after k, mean over layers and heads) whose paired 95% interval over prompts "
+    "lies above half the score position 0 had before and above what position 0 still holds "
+    "(the sink moved); partial if it only resolves a rise at k to at least twice its clean "
+    "value (and >= 0.1) while position 0 stays the sink; every intervention dosed up to "
+    f"saturation (a curve is saturated when its last dose step moves the sink at k by less "
+    f"than {SATURATED_STEP}); not called with fewer than {chain.MIN_N_APART} prompts")
+
+
+def _dosed_move_verdict(move: list[dict[str, Any]], curves: list[dict[str, Any]]
+                        ) -> dict[str, str]:
+    moved = [r for r in move if r.get("moved")]
+    rose = [r for r in move if r.get("rose")]
+    n = move[0]["intervals"]["sink_at_k_after"].get("n")
+    if all(r.get("moved") is None for r in move):
+        verdict = chain.TOO_FEW
+    else:
+        verdict = "supported" if moved else "partial" if rose else "not supported"
+    parts = [f"n={n} prompts; {len(moved)} of {len(move)} (k, intervention, dose) moved the "
+             f"sink, {len(rose)} resolved a rise at k"]
+    for name in dict.fromkeys(r["intervention"] for r in move):
+        mine = [r for r in move if r["intervention"] == name]
+        best = max(mine, key=lambda r: r["sink_at_k_after"])
+        iv = best["intervals"]
+        ks = sorted({r["k"] for r in mine if r.get("moved")})
+        parts.append(f"{name}: moved at k={ks or 'none'}; strongest k={best['k']} dose "
+                     f"{best['dose']:g}: sink at k {chain_text(iv['sink_at_k_before'])} -> "
+                     f"{chain_text(iv['sink_at_k_after'])}, at 0 "
+                     f"{chain_text(iv['sink_at_0_before'])} -> "
+                     f"{chain_text(iv['sink_at_0_after'])}")
+    if curves:
+        sat = [c for c in curves if c.get("saturated")]
+        full = [c for c in curves if c.get("full_dose") and not c.get("saturated")]
+        parts.append(f"{len(sat)} of {len(curves)} curves saturated" + (
+            f", {len(full)} more at full isolation (the mask's largest dose)" if full else ""))
+    return {"verdict": verdict, "criterion": MOVE_CRITERION, "evidence": "; ".join(parts)}
+
+
+def move_verdict(move: list[dict[str, Any]], curves: list[dict[str, Any]] | None = None
+                 ) -> dict[str, str]:
     """C4 judged against the original sink, not against zero: the sink has moved when position
     k, after the intervention, holds at least half of what position 0 held before and at least
-    as much as position 0 still holds; a rise at k that leaves position 0 the sink is partial."""
+    as much as position 0 still holds; a rise at k that leaves position 0 the sink is partial.
+    Rows with intervals (every dose of every intervention) are judged on the paired intervals
+    (:data:`MOVE_CRITERION`); rows without (results written before) on the means."""
+    if move and all("intervals" in r for r in move):
+        return _dosed_move_verdict(move, curves or [])
     moved = [r for r in move if r["sink_at_k_after"] >= 0.5 * r["sink_at_0_before"]
              and r["sink_at_k_after"] >= r["sink_at_0_after"]]
     rose = [r for r in move if r["sink_at_k_after"] >= max(0.1, 2 * r["sink_at_k_before"])]
@@ -377,9 +569,7 @@ def move_verdict(move: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _cell(d: dict[str, Any] | None, spec: str = ".3f") -> str:
-    if d is None:
-        return "n/a"
-    return f"{d['mean']:{spec}} [{d['low']:{spec}}, {d['high']:{spec}}]"
+    return chain_text(d, spec)
 
 
 def dose_table(curve: dict[str, Any]) -> list[str]:
@@ -409,6 +599,50 @@ def validation_table(validation: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _saturation(curve: dict[str, Any]) -> str:
+    if curve.get("full_dose") and not curve["saturated"]:
+        return "at full isolation"
+    return "yes" if curve["saturated"] else "no"
+
+
+def move_table(data: dict[str, Any]) -> list[str]:
+    """C4 as a Markdown table: k x intervention x dose -> the sink at k and at 0 with their
+    intervals, and whether the sink moved (results written before the doses: one row per k
+    and intervention, means only)."""
+    move = data["move"]
+    if not move or "intervals" not in move[0]:
+        return ["", "| k | intervention | sink at k before -> after | sink at 0 before -> "
+                "after | max abs channel at k before -> after |", "|---|---|---|---|---|",
+                *[f"| {r['k']} | {r['intervention']} | {r['sink_at_k_before']:.3f} -> "
+                  f"{r['sink_at_k_after']:.3f} | {r['sink_at_0_before']:.3f} -> "
+                  f"{r['sink_at_0_after']:.3f} | {r['channel_at_k_before']:.1f} -> "
+                  f"{r['channel_at_k_after']:.1f} |" for r in move]]
+    first = move[0]["intervals"]
+    lines = ["", "Moving the sink to position k (sink score of queries after the key, mean over "
+             "every layer and head; 95% intervals over prompts). Clean: sink at 0 "
+             f"{_cell(first['sink_at_0_before'])}. Doses:", "",
+             *[f"- {name}: {what}" for name, what in data.get("move_interventions", {}).items()],
+             "", "| k | intervention | dose | sink at k (clean -> after) | sink at 0 after | "
+             "max abs channel at k | moved |", "|---|---|---|---|---|---|---|"]
+    for r in move:
+        iv = r["intervals"]
+        word = (chain.TOO_FEW if r["moved"] is None else "yes" if r["moved"] else
+                "no (rose)" if r["rose"] else "no")
+        lines.append(f"| {r['k']} | {r['intervention']} | {r['dose']:g} | "
+                     f"{r['sink_at_k_before']:.3f} -> {_cell(iv['sink_at_k_after'])} | "
+                     f"{_cell(iv['sink_at_0_after'])} | {r['channel_at_k_after']:.1f} | "
+                     f"{word} |")
+    curves = data.get("move_curves") or []
+    if curves:
+        lines += ["", "Saturation (the last dose step of each curve, paired over prompts):", "",
+                  "| k | intervention | doses | sink at k along the doses | last step | "
+                  "saturated |", "|---|---|---|---|---|---|"]
+        lines += [f"| {c['k']} | {c['intervention']} | {', '.join(f'{d:g}' for d in c['doses'])}"
+                  f" | {', '.join(f'{v:.3f}' for v in c['sink_at_k'])} | "
+                  f"{_cell(c['last_step'])} | {_saturation(c)} |" for c in curves]
+    return lines
+
+
 def summary(data: dict[str, Any]) -> str:
     """The Markdown summary: the complete sets, the channel's life, the curves, the surgery,
     the key logits, the sink moved, the verdicts with their criteria."""
@@ -416,7 +650,8 @@ def summary(data: dict[str, Any]) -> str:
     channel, layer = sets["channel"], sets["creating_layer"]
     lines = [f"# Structural origin of the sink on {data['model']}", "",
              f"Natural text with BOS, {data['n']} x {data['seq_len']} tokens. Intervals: 95% "
-             "bootstrap over prompts. Massive channel at position 0: "
+             "over prompts (Student's t below 64 prompts, percentile bootstrap from 64; "
+             "differences paired over the same prompts). Massive channel at position 0: "
              f"{channel}; created by block {layer}, peak after block {sets['peak_layer']}.", "",
              "Channel at position 0, after each block (mean over prompts): "
              + "; ".join(f"{what} at layer {b['layer']} ({b['before']:.1f} -> {b['after']:.1f})"
@@ -464,12 +699,7 @@ def summary(data: dict[str, Any]) -> str:
             lines.append(f"| L{s['layer']}H{s['head']} | {p['key']} | {p['massive']:.3f} | "
                          f"{p['rest']:.3f} | {p['key_bias']:.3f} | {p['rotary']:.3f} | "
                          f"{p['total']:.3f} | {p['model']:.3f} |")
-    lines += ["", "| k | intervention | sink at k before -> after | sink at 0 before -> after | "
-              "max abs channel at k before -> after |", "|---|---|---|---|---|"]
-    lines += [f"| {r['k']} | {r['intervention']} | {r['sink_at_k_before']:.3f} -> "
-              f"{r['sink_at_k_after']:.3f} | {r['sink_at_0_before']:.3f} -> "
-              f"{r['sink_at_0_after']:.3f} | {r['channel_at_k_before']:.1f} -> "
-              f"{r['channel_at_k_after']:.1f} |" for r in data["move"]]
+    lines += move_table(data)
     lines += ["", *verdict_lines(data["verdicts"])]
     lines += ["", f"![structural origin]({FIGURE})", ""]
     return "\n".join(lines)

@@ -13,7 +13,9 @@ intervention is pushed to full removal and the whole curve is read. The parts, o
 - :mod:`mechsink.interventions.readout`: one run with edits, read per prompt (:func:`measure`);
 - :mod:`mechsink.interventions.dose`: :func:`dose_response`, :func:`summarise` through a fixed
   :class:`Frame`, the half-effect dose;
-- :mod:`mechsink.interventions.stats`: percentile-bootstrap intervals over prompts;
+- :mod:`mechsink.interventions.stats`: intervals over prompts (Student's t below 64 prompts,
+  percentile bootstrap from there; paired for clean vs intervened) and the rule below which no
+  verdict calls two intervals apart (:data:`MIN_N_APART`);
 - :mod:`mechsink.interventions.set_validation`: every super-neuron set zeroed against a
   same-size random set of its block (:func:`validate_sets`): which block's set carries the sink;
 - :mod:`mechsink.measure.logit_split`: :func:`key_logit_split`, the logit of a sink head split
@@ -39,7 +41,18 @@ from mechsink.interventions.dose import (
 )
 from mechsink.interventions.readout import Readout, measure
 from mechsink.interventions.set_validation import SetCheck, SetValidation, validate_sets
-from mechsink.interventions.stats import LEVEL, N_BOOT, Interval, bootstrap_interval
+from mechsink.interventions.stats import (
+    LEVEL,
+    MIN_N_APART,
+    N_BOOT,
+    TOO_FEW,
+    Interval,
+    apart,
+    bootstrap_interval,
+    mean_interval,
+    paired_interval,
+    t_interval,
+)
 from mechsink.interventions.surgery import channel_surgery, direction_surgery, top_direction
 from mechsink.interventions.targets import (
     Target,
@@ -53,7 +66,9 @@ from mechsink.measure.logit_split import KeyLogitSplit, LogitParts, key_logit_sp
 __all__ = [
     "DEFAULT_DOSES",
     "LEVEL",
+    "MIN_N_APART",
     "N_BOOT",
+    "TOO_FEW",
     "DoseResponse",
     "Frame",
     "HalfEffect",
@@ -65,6 +80,7 @@ __all__ = [
     "SetCheck",
     "SetValidation",
     "Target",
+    "apart",
     "bootstrap_interval",
     "channel_set",
     "channel_surgery",
@@ -74,10 +90,13 @@ __all__ = [
     "half_effect_dose",
     "key_logit_split",
     "make_frame",
+    "mean_interval",
     "measure",
     "neuron_set",
     "neuron_sets",
+    "paired_interval",
     "summarise",
+    "t_interval",
     "top_direction",
     "validate_sets",
 ]

@@ -6,9 +6,11 @@ show nothing).
 :func:`dose_response` runs one :func:`~mechsink.interventions.readout.measure` per dose and reads
 each through one :class:`Frame` fixed on the clean run (its sink heads, the late layers, where the
 channel is read): per dose the channel at position 0, the mean sink score of each layer's sink
-heads, Gu et al.'s sink rate and the next-token loss, each with a 95% bootstrap interval over
-prompts (:func:`summarise`); and the half-effect dose, where the sink falls halfway from its clean
-value to its value at full removal, with the channel there. Sink score and rate: Gu et al.
+heads, Gu et al.'s sink rate and the next-token loss, each with a 95% interval over prompts
+(:func:`summarise`; :func:`~mechsink.interventions.stats.mean_interval`: Student's t below 64
+prompts); the paired interval of the clean-minus-removed sink score; and the half-effect dose,
+where the sink falls halfway from its clean value to its value at full removal, with the channel
+there. Sink score and rate: Gu et al.
 (2024), "When Attention Sink Emerges in Language Models".
 """
 
@@ -29,7 +31,8 @@ from mechsink.interventions.stats import (
     LEVEL,
     N_BOOT,
     Interval,
-    bootstrap_interval,
+    mean_interval,
+    paired_interval,
     resample_indices,
 )
 from mechsink.interventions.targets import Target
@@ -65,7 +68,12 @@ class Frame:
                                  "per prompt",
                     "channel": "residual stream after block channel_layer at position 0 "
                                "(first tracked channel)",
-                    "intervals": f"{LEVEL:.0%} percentile bootstrap over prompts"}}
+                    "intervals": f"{LEVEL:.0%} interval of the mean over prompts "
+                                 "(Student's t below 64 prompts, percentile bootstrap from "
+                                 "64; each interval records its method and n)",
+                    "drop": "paired interval over prompts of the per-prompt difference "
+                            "clean - removed (factor 1 - factor 0) of the late-layer sink "
+                            "score"}}
 
 
 def make_frame(
@@ -110,7 +118,9 @@ class RunSummary:
                 "channel_by_layer": [rounded(v) for v in self.channel_by_layer]}
 
 
-def _late_values(r: Readout, frame: Frame) -> Tensor | None:
+def late_values(r: Readout, frame: Frame) -> Tensor | None:
+    """Per prompt, the mean sink score of the frame's sink heads in its late layers (None
+    when it has none there)."""
     heads = [(lay, h) for lay, h in frame.sink_heads if lay in frame.late_layers]
     if not heads:
         return None
@@ -121,13 +131,13 @@ def summarise(r: Readout, frame: Frame, *, n_boot: int = N_BOOT, seed: int = 0) 
     """Intervals over prompts for the channel, the late-layer sink score, each layer's sink
     heads, the sink rate and the loss."""
     def ci(v: Tensor) -> Interval:
-        return bootstrap_interval(v, n_boot=n_boot, seed=seed)
+        return mean_interval(v, n_boot=n_boot, seed=seed)
 
     n_layers = r.scores.shape[1]
     channel = None
     if frame.channel_layer is not None and r.channels.shape[-1]:
         channel = ci(r.channels[:, frame.channel_layer, 0])
-    late = _late_values(r, frame)
+    late = late_values(r, frame)
     per_layer = []
     for lay in range(n_layers):
         hs = [h for la, h in frame.sink_heads if la == lay]
@@ -146,21 +156,24 @@ class HalfEffect:
     """Where the late-layer sink score falls halfway from its clean value (factor 1) to its
     value at full removal (factor 0), read off the curve by linear interpolation; ``channel``
     is the channel at that dose (interpolated the same way), ``dose_interval`` the bootstrap
-    interval of the dose over prompts (None where a resample never crosses). ``dose`` is None
-    when full removal does not lower the sink score (the bootstrap interval of the per-prompt
-    clean-minus-removed difference reaches 0): a flat curve has no threshold."""
+    interval of the dose over prompts (None where a resample never crosses). ``drop`` is the
+    paired interval of the per-prompt clean-minus-removed late-layer sink score. ``dose`` is
+    None when full removal does not lower the sink score (``drop`` reaches 0): a flat curve has
+    no threshold."""
 
     dose: float | None
     channel: float | None
     clean: float
     floor: float
     dose_interval: tuple[float, float] | None
+    drop: Interval | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"dose": rounded(self.dose), "channel": rounded(self.channel),
                 "clean": rounded(self.clean), "floor": rounded(self.floor),
                 "dose_interval": None if self.dose_interval is None else
                 [rounded(v) for v in self.dose_interval],
+                "drop": None if self.drop is None else self.drop.to_dict(),
                 "definition": "dose in [0, 1] where the late-layer sink score crosses "
                               "(clean + floor) / 2, clean = factor 1, floor = factor 0"}
 
@@ -247,7 +260,7 @@ def dose_response(
 def _half_effect(
     grid: tuple[float, ...], readouts: Sequence[Readout], frame: Frame, n_boot: int, seed: int,
 ) -> HalfEffect:
-    per_prompt = [_late_values(r, frame) for r in readouts]
+    per_prompt = [late_values(r, frame) for r in readouts]
     if any(v is None for v in per_prompt):
         return HalfEffect(None, None, float("nan"), float("nan"), None)
     y = torch.stack(per_prompt, 1)  # type: ignore[arg-type]  # [batch, dose]
@@ -255,11 +268,12 @@ def _half_effect(
     if frame.channel_layer is not None and readouts[0].channels.shape[-1]:
         ch = torch.stack([r.channels[:, frame.channel_layer, 0] for r in readouts], 1).double()
     mean_y = y.mean(0).tolist()
-    effect = bootstrap_interval(y[:, grid.index(1.0)] - y[:, grid.index(0.0)], n_boot=n_boot,
-                                seed=seed)
+    effect = paired_interval(y[:, grid.index(1.0)], y[:, grid.index(0.0)], n_boot=n_boot,
+                             seed=seed)
     if effect.low <= 0:  # full removal does not lower the sink beyond the prompt noise:
         # there is no threshold to place (a flat curve would give a meaningless crossing)
-        return HalfEffect(None, None, mean_y[grid.index(1.0)], mean_y[grid.index(0.0)], None)
+        return HalfEffect(None, None, mean_y[grid.index(1.0)], mean_y[grid.index(0.0)], None,
+                          effect)
     dose, chan = half_effect_dose(grid, mean_y, None if ch is None else ch.mean(0).tolist())
     boots = []
     for idx in resample_indices(y.shape[0], min(n_boot, 500), seed):
@@ -272,4 +286,5 @@ def _half_effect(
                            torch.tensor([(1 - LEVEL) / 2, 1 - (1 - LEVEL) / 2],
                                         dtype=torch.float64))
         interval = (float(q[0]), float(q[1]))
-    return HalfEffect(dose, chan, mean_y[grid.index(1.0)], mean_y[grid.index(0.0)], interval)
+    return HalfEffect(dose, chan, mean_y[grid.index(1.0)], mean_y[grid.index(0.0)], interval,
+                      effect)

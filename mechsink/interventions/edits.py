@@ -11,7 +11,9 @@ sink papers make:
   ``layer``, ``"blocks.3.hook_mlp_out"``, ``"L3H5@0"``, ``"L3N1229@0"``, ``"MLP3@0"``, ...);
 - :func:`attend_only_to_self`: make query position ``k`` attend only to itself (a second
   "position 0"; Gu et al. 2024, "When Attention Sink Emerges in Language Models");
-- :func:`scale_tokens`: multiply chosen tokens' residual stream by a factor (norm/variance);
+- :func:`scale_tokens`: multiply chosen tokens' residual stream by a factor (norm);
+- :func:`amplify_deviation`: amplify chosen tokens' deviation from their mean over sequences
+  (variance; Li, Jiang, Sun et al. 2026, "The Structural Origin of Attention Sink");
 - :func:`remove_query_bias` and :func:`rotate_keys`: the GPT-2 query-bias ablations.
 
 An intervention that reads positions records the largest one (``max_position``), and
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
@@ -210,7 +213,7 @@ def ablate(
 
 def attend_only_to_self(
     model: Any, layers: Sequence[int], position: int | None = None,
-    units: Sequence[int] | None = None,
+    units: Sequence[int] | None = None, strength: float = 1.0,
 ) -> list[Intervention]:
     """Query ``position`` attends only to itself in the chosen layers and heads (``units``;
     None: all): every other key masked for that query.
@@ -220,10 +223,18 @@ def attend_only_to_self(
     ``sinks``, a softmax column that is dropped afterwards, so pattern rows sum to less than
     1) the masked row keeps the learned sink's share: the row's weight on ``k`` becomes
     ``p_k / (p_k + p_sink)``, with ``p_sink = 1 - sum(row)`` read from the pattern itself.
+
+    ``strength`` in [0, 1] doses the isolation: the row becomes ``(1 - s) row + s one_hot``,
+    so the query keeps a share ``1 - s`` of the attention it took from the other positions
+    (1: fully isolated, the default; 0: no edit).
     """
     if position is None:
         raise BadInputError("attend_only_to_self needs position= (the query that should "
                             "attend only to itself).")
+    if isinstance(strength, bool) or not 0.0 <= float(strength) <= 1.0:
+        raise BadInputError(f"strength must lie in [0, 1] (the share of isolation), got "
+                            f"{strength!r}.")
+    s = float(strength)
     key_pos = int(position)
     head_list = None if units is None else list(units)
     for layer in layers:
@@ -246,14 +257,50 @@ def attend_only_to_self(
                 p_self = row[..., key_pos].double()
                 p_sink = (1.0 - row.double().sum(-1)).clamp_min(0.0)
                 own = (p_self / (p_self + p_sink).clamp_min(1e-300)).to(row.dtype)
-            edited[:, h, key_pos, :] = 0.0
-            edited[:, h, key_pos, key_pos] = own
+            isolated = torch.zeros_like(row)
+            isolated[..., key_pos] = own
+            edited[:, h, key_pos, :] = isolated if s == 1.0 else (1.0 - s) * row + s * isolated
             return edited
 
+        dose = "" if s == 1.0 else f" (strength {s:g})"
         out.append(Intervention(act_name("pattern", layer), fn,
-                                f"layer {layer}: query {key_pos} attends only to itself",
+                                f"layer {layer}: query {key_pos} attends only to itself{dose}",
                                 key_pos))
     return out
+
+
+def amplify_deviation(
+    model: Any, layer: int, positions: Sequence[int], factor: float,
+    center: Float[Tensor, "n_positions d_model"],
+) -> Intervention:
+    """The variance of token ``positions``' representations amplified by ``factor ** 2``: the
+    residual stream entering ``layer`` at each position ``k`` becomes
+    ``center[k] + factor (x_k - center[k])``. With ``center`` the mean over sequences at that
+    position (fixed beforehand from the clean run over every prompt, so batching does not
+    change it) the variance over sequences there grows by ``factor ** 2`` and the mean stays:
+    the structural-origin paper's amplified variance of a targeted token (Li, Jiang, Sun et
+    al. 2026)."""
+    _check_layer(model, layer)
+    pos = [int(k) for k in positions]
+    if not pos or min(pos) < 0:
+        raise BadInputError(f"positions must be non-negative and not empty, got {pos}.")
+    c = torch.as_tensor(center).detach()
+    if c.dim() == 1:
+        c = c.expand(len(pos), -1)
+    if tuple(c.shape) != (len(pos), int(model.cfg.d_model)):
+        raise BadInputError(f"center must hold one d_model vector per position "
+                            f"({len(pos)} x {model.cfg.d_model}), got {tuple(c.shape)}.")
+    hook = act_name("hook_resid_pre", layer)
+    _check_edits(model, [hook], "amplify_deviation")
+
+    def fn(act: Tensor, hook: Any) -> Tensor:
+        edited = act.clone()
+        m = c.to(device=act.device, dtype=act.dtype)
+        edited[:, pos] = m + factor * (act[:, pos] - m)
+        return edited
+
+    return Intervention(hook, fn, f"deviation from the mean over sequences x{factor:g} at "
+                                  f"positions {pos}, {hook}", max(pos))
 
 
 def scale_tokens(model: Any, layer: int, positions: Sequence[int], factor: float) -> Intervention:

@@ -6,10 +6,11 @@ For every set (one block, one channel) :func:`validate_sets` runs the prompts th
 the set's neurons zeroed at position 0, and a same-size random set of the same block (none of
 the set's neurons) zeroed at position 0. Every run is read through one :class:`Frame` (the clean
 run's sink heads, the late layers: the last third of the blocks, the channel where it peaks from
-the first block holding a set on), with 95% bootstrap intervals over prompts of each figure and
-of the per-prompt differences (clean - zeroed, random - zeroed). The block whose set carries the
-sink is the one whose zeroing lowers the late-layer sink score most among the sets that lower it
-beyond the random baseline.
+the first block holding a set on), with 95% intervals over prompts of each figure and paired
+intervals of the per-prompt differences (clean - zeroed, random - zeroed); below
+:data:`~mechsink.interventions.stats.MIN_N_APART` prompts no set is called (too few prompts).
+The block whose set carries the sink is the one whose zeroing lowers the late-layer sink score
+most among the sets that lower it beyond the random baseline.
 Super neurons: Yu et al. (2024), "The Super Weight in Large Language Models";
 sink score: Gu et al. (2024), "When Attention Sink Emerges in Language Models".
 """
@@ -27,7 +28,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.interventions.dose import Frame, RunSummary, make_frame, summarise
 from mechsink.interventions.readout import Readout, measure
-from mechsink.interventions.stats import N_BOOT, Interval, bootstrap_interval
+from mechsink.interventions.stats import MIN_N_APART, N_BOOT, TOO_FEW, Interval, paired_interval
 from mechsink.interventions.targets import neuron_set
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.super_neurons import SuperNeuronSet
@@ -41,7 +42,8 @@ CRITERION = ("a set carries the sink if zeroing it at position 0 lowers the late
              "both exclude 0; it moves the sink if both intervals exclude 0 and the drop is at "
              f"least {MOVE_SHARE:.0%} of the clean value; else it does not carry the sink. The "
              "carrier is the block whose set lowers the late-layer sink score most among those "
-             "that carry or move it")
+             "that carry or move it. Intervals of the differences are paired over the same "
+             f"prompts; with fewer than {MIN_N_APART} prompts no set is called")
 
 
 @dataclass(frozen=True)
@@ -140,14 +142,15 @@ def _late(r: Readout, frame: Frame) -> Tensor | None:
 
 
 def _diff(a: Tensor | None, b: Tensor | None, n_boot: int, seed: int) -> Interval | None:
-    return None if a is None or b is None else bootstrap_interval(a - b, n_boot=n_boot,
-                                                                  seed=seed)
+    return None if a is None or b is None else paired_interval(a, b, n_boot=n_boot, seed=seed)
 
 
 def _verdict(drop: Interval | None, beyond: Interval | None, clean: Interval | None,
              zeroed: Interval | None) -> str:
     if drop is None or beyond is None or clean is None or zeroed is None:
         return "not measured (no sink heads in the late layers)"
+    if not (drop.callable and beyond.callable):
+        return f"{TOO_FEW} (n={drop.n} < {MIN_N_APART})"
     if drop.low > 0 and beyond.low > 0:
         if zeroed.mean < 0.5 * clean.mean:
             return "carries the sink"

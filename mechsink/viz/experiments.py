@@ -245,10 +245,13 @@ def _hbars(ax: Any, labels: list[str], series: list[tuple[str, str, list[Any]]],
 def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     """Top: the dose-responses of the complete set and of its top neuron alone (channel,
     late-layer sink score, sink rate, with intervals). Middle: channel surgery. Bottom: the
-    sink at position k before and after each intervention. Drawn at page width."""
+    sink at position k along each intervention's doses (one panel per intervention, one line
+    per k, against the original sink at 0); results written before the doses: before and
+    after bars. Drawn at page width."""
     rows = result["surgery"]["rows"]
     moves = result["move"]
-    heights = [4.6, 1.3 + 0.28 * len(rows), 1.3 + 0.28 * len(moves)]
+    dosed = bool(moves) and "intervals" in moves[0]
+    heights = [4.6, 1.3 + 0.28 * len(rows), 2.6 if dosed else 1.3 + 0.28 * len(moves)]
     fig = plt.figure(figsize=(PAGE_WIDTH, sum(heights)), layout="constrained")
     # one sub-figure per panel: the bar charts' long labels do not squeeze the curve panel
     ax_dose, ax_surg, ax_move = (sub.subplots() for sub in fig.subfigures(
@@ -265,12 +268,51 @@ def plot_structural_origin(result: dict[str, Any], path: str | Path) -> Path:
     ax_surg.set_xlim(0, 1)
     ax_surg.set_title(f"channel surgery, input of block {result['surgery']['layer']}",
                       fontsize=MIN_FONT + 1)
-    _hbars(ax_move, [f"k={m['k']}: {m['intervention']}" for m in moves],
-           [("before", BLUE, [m["sink_at_k_before"] for m in moves]),
-            ("after", ORANGE, [m["sink_at_k_after"] for m in moves])],
-           "mean sink score at key k")
-    ax_move.set_title("moving the sink to position k", fontsize=MIN_FONT + 1)
+    if dosed:
+        _move_curves(ax_move, moves)
+    else:
+        _hbars(ax_move, [f"k={m['k']}: {m['intervention']}" for m in moves],
+               [("before", BLUE, [m["sink_at_k_before"] for m in moves]),
+                ("after", ORANGE, [m["sink_at_k_after"] for m in moves])],
+               "mean sink score at key k")
+        ax_move.set_title("moving the sink to position k", fontsize=MIN_FONT + 1)
     return Path(save(fig, Path(path)))
+
+
+def _move_curves(ax: Any, moves: list[dict[str, Any]]) -> None:
+    """The sink at k along each intervention's doses, one panel per intervention (split out
+    of ``ax``), one line per k with its 95% interval; dashed: the sink at 0 before, dotted:
+    half of it (what a moved sink must exceed)."""
+    names = list(dict.fromkeys(m["intervention"] for m in moves))
+    spec = ax.get_subplotspec()
+    fig = ax.figure
+    ax.remove()
+    grid = spec.subgridspec(1, len(names))
+    colors = [BLUE, ORANGE, GREEN, RED, *PALETTE[4:]]
+    zero = moves[0]["sink_at_0_before"]
+    for i, name in enumerate(names):
+        a = fig.add_subplot(grid[0, i])
+        mine = [m for m in moves if m["intervention"] == name]
+        for j, k in enumerate(dict.fromkeys(m["k"] for m in mine)):
+            pts = sorted((m for m in mine if m["k"] == k), key=lambda m: m["dose"])
+            x = [m["dose"] for m in pts]
+            iv = [m["intervals"]["sink_at_k_after"] for m in pts]
+            y = [v["mean"] for v in iv]
+            err = [[v["mean"] - v["low"] for v in iv], [v["high"] - v["mean"] for v in iv]]
+            a.errorbar(x, y, yerr=err, marker="o", ms=3, capsize=2,
+                       color=colors[j % len(colors)], label=f"k={k}")
+        a.axhline(zero, color="black", ls="--", lw=0.8)
+        a.axhline(0.5 * zero, color="black", ls=":", lw=0.8)
+        if min(m["dose"] for m in mine) >= 1.0 and max(m["dose"] for m in mine) > 4:
+            a.set_xscale("log", base=2)
+        a.set_ylim(0, 1)
+        a.set_title(name, fontsize=MIN_FONT)
+        a.set_xlabel("dose", fontsize=MIN_FONT)
+        a.tick_params(labelsize=MIN_FONT)
+        if i == 0:
+            a.set_ylabel("sink score at k", fontsize=MIN_FONT)
+            a.legend(fontsize=MIN_FONT, frameon=False)
+        a.grid(alpha=0.3)
 
 
 @use_style
