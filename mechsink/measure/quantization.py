@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure._cache import CacheLike, hook_name, n_layers_in, rounded, rounded_list
 from mechsink.measure.massive import ABS_THRESHOLD, RATIO_THRESHOLD, abs_median
 from mechsink.measure.super_neurons import SPIKE_THRESHOLD
 
@@ -135,11 +135,10 @@ def quantization_errors(cache: CacheLike, sites: Sequence[str] | None = None
     errors: dict[tuple[str, int, str, bool], Tensor] = {}
     kept: dict[str, Tensor] = {}
     for site in sites:
-        acts = stacked(cache, site)  # [layer, batch, pos, channel]
         per_layer: dict[tuple[str, int, str, bool], list[Tensor]] = {}
         counts = []
-        for layer in range(acts.shape[0]):
-            x = acts[layer].float()
+        for layer in range(n_layers_in(cache, site)):  # one layer at a time: a hybrid
+            x = cache[hook_name(layer, site)].float()  # model's MLPs differ in width
             keep = outlier_channels(x, site)
             counts.append(keep.sum(-1).float())
             for bits in BITS:
