@@ -217,8 +217,8 @@ def test_query_bias_dose_experiment_on_the_organism(tmp_path):
     from mechsink.experiments.result import ExperimentResult
 
     model = load_model("organism:bb-gpt2-tiny")
-    result = run(model, model_name="organism:bb-gpt2-tiny", n=4, seq_len=16,
-                 doses=(0.0, 0.5, 1.0))
+    result = run(model, model_name="organism:bb-gpt2-tiny", n=8, seq_len=16,
+                 doses=(0.0, 0.5, 1.0))  # 8 prompts: the fewest whose intervals are called
     data = result.data
     assert set(data["curves"]) >= {"query bias (every query)",
                                    "b_Q . k_0 only (logits to key 0)", "W_K structure"}

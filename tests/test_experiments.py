@@ -134,7 +134,7 @@ def test_circuit_name_help_lists_the_experiments_settings(no_load) -> None:
     for option in get_experiment("structural_origin").settings():
         if option != "model_name":
             assert "--" + option.replace("_", "-") in text, option
-    assert "--positions INT ... (default: 8 16 32) positions k the sink is moved to" in text
+    assert "--positions INT ... (default: 4 8 32) positions k the sink is moved to" in text
     timeline = " ".join(runner.invoke(app, ["circuit", "sink_timeline", "--help"]).output.split())
     assert "--run-dir STR (required)" in timeline and "takes no model" in timeline
 
@@ -163,7 +163,7 @@ def test_circuit_settings_without_a_model_reach_the_experiment(tmp_path: Path) -
     (["gpt2_query_bias", "--top", "999"], ["--top 999 is more than the model's 8 heads"]),
     (["sink_timeline", "--n", "4"], ["sink_timeline needs --run-dir"]),
     (["structural_origin", "random:llama-tiny", "--n", "4", "--seq-len", "32"],
-     ["--positions (default: 8 16 32) has 32 outside the sequence", "--seq-len 32"]),
+     ["--positions (default: 4 8 32) has 32 outside the sequence", "--seq-len 32"]),
     (["seedprint", "--steps", "-1"], ["seedprint --steps must be at least 1"]),
     (["p0_sink", "random:llama-tiny", "--batch-size", "0"], ["--batch-size must be at least 1"]),
 ])

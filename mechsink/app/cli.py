@@ -89,13 +89,21 @@ def _prompt_length(tok: typing.Any, prompt: str, prepend_bos: bool) -> int:
     return len(encode(tok, prompt)) + int(bos)
 
 
-def _check_same_lengths(tok: typing.Any, texts: dict[str, list[str] | None]) -> None:
+def _check_same_lengths(tok: typing.Any, texts: dict[str, list[str] | None], *,
+                        early: bool = False) -> None:
     """Every prompt given (``--clean``, ``--corrupted``) tokenises to the same number of
-    tokens: they run as one batch and are compared position by position."""
+    tokens: they run as one batch and are compared position by position. ``early`` (before
+    the model loads): a prompt the tokenizer refuses is left to the check after loading, so
+    the model's own refusal (an unsupported architecture) comes first."""
     from mechsink.model.tokens import encode
 
-    lengths = [(flag if len(given) == 1 else f"{flag} {i}", len(encode(tok, t)))
-               for flag, given in texts.items() if given for i, t in enumerate(given, 1)]
+    try:
+        lengths = [(flag if len(given) == 1 else f"{flag} {i}", len(encode(tok, t)))
+                   for flag, given in texts.items() if given for i, t in enumerate(given, 1)]
+    except MechsinkError:
+        if early:
+            return
+        raise
     if len({n for _, n in lengths}) > 1:
         shown = ", ".join(f"{label}: {n}" for label, n in lengths)
         raise MechsinkError(f"the prompts tokenise to different lengths ({shown} tokens): give "
@@ -287,7 +295,8 @@ def scan(
         fail(exc)
     with _locked(folder):
         try:
-            with console.status(f"loading {model}"), phase(f"loading {model}", delay=0.0):
+            with console.status(f"loading {model}"), phase(f"loading {model}",
+                                                           delay=STEP_LINE_AFTER):
                 bridge = load_model(model, device=device, dtype=dtype,
                                     seed=seed if model.startswith("random:") else None)
             mechsink_model.check_supported(bridge, "census")
@@ -307,8 +316,9 @@ def scan(
                 bar.update(task, description=f"census {name}", completed=sum(finished.values()))
                 if in_log and done == total:  # off a terminal: a line per finished step
                     now = time.perf_counter()
-                    print(f"census {name}: {done}/{total} in {now - began['at']:.1f} s",
-                          file=sys.stderr, flush=True)
+                    if now - began["at"] >= STEP_LINE_AFTER:
+                        print(f"census {name}: {done}/{total} in {now - began['at']:.1f} s",
+                              file=sys.stderr, flush=True)
                     began["at"] = now
 
             try:  # e.g. fewer natural texts of --seq-len tokens than --n: one line
@@ -325,7 +335,7 @@ def scan(
                 from mechsink.viz import write_report
 
                 with console.status("writing figures and pages"), phase(
-                        "writing figures and pages", delay=0.0):
+                        "writing figures and pages", delay=STEP_LINE_AFTER):
                     written += write_report(data, staging)
             written = _final(staging, folder, written)
     table = Table(title=f"{model}: sink census (n={n}, T={seq_len}, eps={eps})")
@@ -428,7 +438,8 @@ def patch(
         check_context(model, 1, "--clean")  # the name, before the model loads
         tok = settings.model_tokenizer(model)  # no weights needed
         if tok is not None:
-            _check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]})
+            _check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]},
+                                early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -480,6 +491,10 @@ def _at_key(metric: typing.Any, key_position: int | None, seq_len: int) -> typin
         raise MechsinkError(f"--key-position {key_position} is past the prompt's {seq_len} "
                             f"tokens (positions 0..{seq_len - 1}).")
     return dataclasses.replace(metric, position=key_position)
+
+
+#: off a terminal (a log), a step of scan that ran this long writes a line when it ends
+STEP_LINE_AFTER = 5.0
 
 
 def _settings_help(name: str) -> str:
@@ -745,7 +760,7 @@ def discover(
         formats = _export_formats(export)
         tok = settings.model_tokenizer(model) if clean else None  # no weights needed
         if tok is not None:
-            _check_same_lengths(tok, {"--clean": clean, "--corrupted": corrupted})
+            _check_same_lengths(tok, {"--clean": clean, "--corrupted": corrupted}, early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)

@@ -290,7 +290,7 @@ def census(
             progress("validating super-neuron sets", 0, 1)
         from mechsink.progress import phase
 
-        with phase("census: validating super-neuron sets", delay=0.0):
+        with phase("census: validating super-neuron sets"):
             causality = _set_causality(model, runs, prompt_sets, eps, seed, batch_size)
     return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
                   architecture_summary(model), settings, runs, causality)
