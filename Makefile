@@ -64,8 +64,10 @@ compat: setup compat-envs
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# ruff, and the layers: rooms import only downwards, only model/ reads library internals
 lint: setup
 	$(BIN)/ruff check mechsink tests benchmarks circuits docs/build
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layers.py
 
 bench: setup
 	$(BIN)/python benchmarks/load.py

@@ -41,6 +41,7 @@ from typing import Any
 from mechsink.errors import BadInputError
 from mechsink.model import act_name, n_kv_heads, true_d_mlp
 from mechsink.model import tl_get_act_name as _get_act_name
+from mechsink.model.hooks import KINDS, Kind
 
 
 def _is_text(x: Any) -> bool:
@@ -62,55 +63,6 @@ def explicit_bos(prepend_bos: bool | None, *inputs: Any, where: str) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class Kind:
-    """One kind of place: TransformerLens's short ``name``, its ``hook`` (relative to the block,
-    or the full name of a hook outside the blocks), the ``unit`` axis (``"head"``,
-    ``"kv_head"``, ``"neuron"``, ``"channel"`` or None), the ``part`` of the block it sits in
-    (``"attn"``, ``"mlp"``, ``"resid"`` or None outside the blocks) and ``pos_dim``, the axis
-    of its activation (batch first) that holds (query) positions."""
-
-    name: str
-    hook: str
-    unit: str | None
-    part: str | None
-    pos_dim: int = 1
-
-    @property
-    def in_block(self) -> bool:
-        return self.part is not None
-
-
-#: the one table of kinds; every vocabulary of places in mechsink is built on it
-KINDS: dict[str, Kind] = {k.name: k for k in (
-    Kind("resid_pre", "hook_resid_pre", "channel", "resid"),
-    Kind("resid_mid", "hook_resid_mid", "channel", "resid"),
-    Kind("resid_post", "hook_resid_post", "channel", "resid"),
-    Kind("attn_out", "hook_attn_out", "channel", "attn"),
-    Kind("mlp_out", "hook_mlp_out", "channel", "mlp"),
-    Kind("q", "attn.hook_q", "head", "attn"),
-    Kind("k", "attn.hook_k", "kv_head", "attn"),
-    Kind("v", "attn.hook_v", "kv_head", "attn"),
-    Kind("z", "attn.hook_z", "head", "attn"),
-    Kind("rot_q", "attn.hook_rot_q", "head", "attn"),
-    Kind("rot_k", "attn.hook_rot_k", "kv_head", "attn"),
-    Kind("result", "attn.hook_result", "head", "attn"),
-    Kind("pattern", "attn.hook_pattern", "head", "attn", pos_dim=2),
-    Kind("attn_scores", "attn.hook_attn_scores", "head", "attn", pos_dim=2),
-    # each head's own copy of the residual stream it reads (use_split_qkv_input) and the
-    # MLP's input (use_hook_mlp_in): where edge discovery's receivers read
-    Kind("q_input", "hook_q_input", "head", "attn"),
-    Kind("k_input", "hook_k_input", "kv_head", "attn"),
-    Kind("v_input", "hook_v_input", "kv_head", "attn"),
-    Kind("mlp_in", "hook_mlp_in", "channel", "mlp"),
-    Kind("pre", "mlp.hook_pre", "neuron", "mlp"),
-    Kind("pre_linear", "mlp.hook_pre_linear", "neuron", "mlp"),
-    Kind("post", "mlp.hook_post", "neuron", "mlp"),
-    Kind("embed", "hook_embed", "channel", None),
-    Kind("pos_embed", "hook_pos_embed", "channel", None),
-    Kind("ln_final.hook_scale", "ln_final.hook_scale", None, None),
-    Kind("ln_final.hook_normalized", "ln_final.hook_normalized", "channel", None),
-)}
 _RELATIVE = {k.hook: k.name for k in KINDS.values() if k.in_block}
 _GLOBAL = {k.hook: k.name for k in KINDS.values() if not k.in_block}
 #: what one unit of each axis is called in messages

@@ -377,7 +377,7 @@ def test_measure_forward_bad_input_is_refused_before_the_forward(llama_tiny):
 
 
 def test_stacked_cache_holds_each_hook_once_and_reads_as_the_plain_cache(llama_tiny):
-    from mechsink.measure._cache import StackedCache, n_layers_in, stacked
+    from mechsink.measure.cache import StackedCache, n_layers_in, stacked
 
     tokens = make_prompts(llama_tiny, "random", "bos", n=2, seq_len=8, seed=1).tokens
     suffixes = ("hook_resid_post", "attn.hook_pattern")

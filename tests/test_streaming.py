@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from mechsink.errors import BadInputError
-from mechsink.measure.streaming import (
+from mechsink.interventions.streaming import (
     check_streaming_args,
     perplexity_table,
     streaming_perplexity,
@@ -110,7 +110,7 @@ def test_streaming_cli_writes_json_and_figure(tmp_path):
 
 
 def test_streaming_text_starts_with_bos_only_when_asked(llama_tiny):
-    from mechsink.measure.streaming import streaming_text
+    from mechsink.interventions.streaming import streaming_text
     from mechsink.model import bos_token_id
 
     bos = bos_token_id(llama_tiny)

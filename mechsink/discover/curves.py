@@ -97,7 +97,8 @@ def curve(run: GraphRun, order: Sequence[int], *, label: str = "circuit",
     order = [int(e) for e in order]
     if len(set(order)) != len(order) or any(not 0 <= e < n for e in order):
         raise BadInputError("order must list distinct edge numbers of the graph.")
-    rest = [e for e in range(n) if e not in set(order)]
+    in_order = set(order)
+    rest = [e for e in range(n) if e not in in_order]
     full = order + rest
     sizes = default_sizes(n) if sizes is None else sorted({int(s) for s in sizes})
     if any(not 0 <= s <= n for s in sizes):

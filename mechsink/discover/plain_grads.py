@@ -30,15 +30,22 @@ run in parallel: graph mode there.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.model import act_name, hook_names, is_hooked_transformer, key_weights
+from mechsink.model import (
+    act_name,
+    hook_names,
+    key_weights,
+    norm_gain_bias,
+    projection_bias,
+    value_weights,
+)
+from mechsink.model.switches import mlp_in_only
 from mechsink.patching import engine
 from mechsink.patching.nodes import Receiver
 
@@ -48,32 +55,11 @@ TOLERANCE = 1e-4
 ENABLED = True
 
 
-@contextmanager
-def mlp_in_only(model: Any) -> Iterator[None]:
-    """``hook_mlp_in`` on (the MLP's own copy of its input), every per-head switch off."""
-    flags = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
-    before = {f: bool(getattr(model.cfg, f, False)) for f in flags}
-    try:
-        model.set_use_split_qkv_input(False)
-        model.set_use_attn_result(False)
-        model.set_use_hook_mlp_in(True)
-        yield
-    finally:
-        for flag, value in before.items():
-            if bool(getattr(model.cfg, flag, False)) != value:
-                getattr(model, f"set_{flag}")(value)
-
-
 def head_weights(model: Any, kind: str) -> Float[Tensor, "layer head d_model d_head"]:
     """Per-head (query) or per-KV-head (key, value) input projections, raw and detached."""
     if kind == "q":
         return model.W_Q.detach()
-    if kind == "k":
-        return key_weights(model)
-    n_kv = getattr(model.cfg, "n_key_value_heads", None)
-    if is_hooked_transformer(model) and n_kv and int(n_kv) != int(model.cfg.n_heads):
-        return torch.stack([b.attn._W_V for b in model.blocks]).detach()
-    return model.W_V.detach()
+    return key_weights(model) if kind == "k" else value_weights(model)
 
 
 def _layers(run: Any) -> list[int]:
@@ -147,7 +133,7 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
         return None
     for layer in layers:
         x, scale = kept[act_name("resid_pre", layer)], kept[act_name("ln1.hook_scale", layer)]
-        w = _gain(model, layer)
+        w = norm_gain_bias(model, layer, "ln1")[0]
         for kind in ("q", "k", "v"):
             gr = grads.pop(act_name(kind, layer), None)
             if gr is None:
@@ -248,10 +234,10 @@ def _premises_hold(model: Any, kept: dict[str, Tensor], norm: str,
     s = s.reshape(*x.shape[:2], 1)
     centred = x - x.mean(-1, keepdim=True) if norm == "ln" else x
     normed = kept["ln1_normalized"]
-    w, b = _gain(model, layer), getattr(model.blocks[layer].ln1, "b", None)
+    w, b = norm_gain_bias(model, layer, "ln1")
 
     def gained(y: Tensor) -> Tensor:
-        return y * (1.0 if w is None else w) + (0.0 if b is None else b.detach())
+        return y * (1.0 if w is None else w) + (0.0 if b is None else b)
 
     if "ln1_out" in kept:
         out = kept["ln1_out"]
@@ -277,28 +263,9 @@ def projections_hold(model: Any, normed: Float[Tensor, "rows pos d_model"],
         if want is None or normed.shape[-1] != w.shape[1]:
             return False
         proj = torch.einsum("bpd,hde->bphe", normed, w)
-        bias = head_bias(model, bias_name, w.shape[0], layer)
+        bias = projection_bias(model, bias_name, w.shape[0], layer)
         if bias is not None:
             proj = proj + bias
         if proj.shape != want.shape or not _close(proj, want):
             return False
     return True
-
-
-def _gain(model: Any, layer: int) -> Tensor | None:
-    """The gain of block ``layer``'s attention norm (None: a norm without one, LNPre)."""
-    w = getattr(model.blocks[layer].ln1, "w", None)
-    return None if w is None else w.detach()
-
-
-def head_bias(model: Any, name: str, heads: int, layer: int = 0) -> Tensor | None:
-    """Layer ``layer``'s projection bias ``[head, d_head]`` for ``heads`` heads, or None."""
-    if is_hooked_transformer(model) and name != "b_Q" and heads != int(model.cfg.n_heads):
-        b = getattr(model.blocks[layer].attn, f"_{name}", None)
-    else:
-        try:
-            b = getattr(model, name)
-        except (AttributeError, RuntimeError):
-            return None
-        b = None if b is None else b[layer]
-    return None if b is None else b.detach()

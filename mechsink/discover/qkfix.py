@@ -68,7 +68,7 @@ def qk_fixed(run: GraphRun, values: Tensor, grads: dict[str, Tensor]) -> Tensor:
                 per_head = per_head.view(n_s, g.n_kv, group).sum(-1)
             for j, col in enumerate(cols[kind]):
                 e = eidx[:n_s, col]
-                out[e] = per_head[:, j]
+                out[e] = per_head[:, j].to(out)  # the scores stay on the CPU
     if g.point.kind == "attn":
         metric_edges = (g.dst == len(g.receivers) - 1).nonzero().flatten().tolist()
         out[metric_edges] = run.exact(metric_edges) - run.clean_value
@@ -118,7 +118,7 @@ class _Key0:
             return False
         scale = attention_scale(self.run.model, layer)
         mine = torch.einsum("bihd,bjhd->bhij", q, k.repeat_interleave(group, 2)) / scale
-        causal = torch.ones(mine.shape[-2:], dtype=torch.bool).tril()
+        causal = torch.ones(mine.shape[-2:], dtype=torch.bool, device=mine.device).tril()
         theirs = wide(scores)
         if not torch.allclose(mine[..., causal], theirs[..., causal], rtol=1e-4, atol=1e-4):
             return False

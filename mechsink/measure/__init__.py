@@ -4,6 +4,8 @@ Each measurement module holds one measurement: its hook suffixes (``HOOKS``), a 
 cache (a mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of
 sequences) and ``to_dict`` (JSON). Around them:
 
+- :mod:`mechsink.measure.cache`: reading per-layer activations out of a cache (stacking the
+  layers, rounding results), shared by every measurement and by the interventions' readouts;
 - :mod:`mechsink.measure.forward`: the one forward that caches only what the measurements read
   and merges them over chunks (:func:`~mechsink.measure.forward.measure_forward`);
 - :mod:`mechsink.measure.registry`: the census's measurements, one entry each;

@@ -35,7 +35,7 @@ from mechsink.inputs.prompts import (
 )
 from mechsink.io import atomic_write_text
 from mechsink.measure import sinks
-from mechsink.measure._cache import CacheLike, hook_names, rounded
+from mechsink.measure.cache import CacheLike, hook_names, rounded
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
 from mechsink.measure.keys import scored_qk_hooks

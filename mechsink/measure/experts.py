@@ -23,7 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, rounded
+from mechsink.measure.cache import CacheLike, rounded
 from mechsink.model.moe import Experts
 
 HOOKS = ("mlp.hook_in", "mlp.hook_expert_indices", "mlp.hook_expert_weights", "hook_mlp_out")

@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, StackedCache, hook_names
+from mechsink.measure.cache import CacheLike, StackedCache, hook_names
 from mechsink.measure.checks import check_batch_size
 from mechsink.model import true_dtype
 from mechsink.model.memory import memory_budget as memory_budget_of

@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, grid_frame, n_layers_in, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, grid_frame, n_layers_in, rounded_list, stacked
 
 PLAIN_HOOKS = ("attn.hook_q", "attn.hook_k")
 ROTARY_HOOKS = ("attn.hook_rot_q", "attn.hook_rot_k")

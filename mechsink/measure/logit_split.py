@@ -24,7 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import rounded
+from mechsink.measure.cache import rounded
 from mechsink.measure.checks import check_channels
 from mechsink.model import (
     act_name,

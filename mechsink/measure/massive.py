@@ -24,7 +24,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, frame, rounded, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, frame, rounded, rounded_list, stacked
 
 HOOKS = ("hook_resid_post",)
 ABS_THRESHOLD = 100.0

@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, hook_name, n_layers_in, rounded, rounded_list
+from mechsink.measure.cache import CacheLike, hook_name, n_layers_in, rounded, rounded_list
 from mechsink.measure.massive import ABS_THRESHOLD, RATIO_THRESHOLD, abs_median
 from mechsink.measure.super_neurons import SPIKE_THRESHOLD
 

@@ -31,7 +31,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, rounded, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, rounded, rounded_list, stacked
 from mechsink.measure.massive import ABS_THRESHOLD, RATIO_THRESHOLD, abs_median
 from mechsink.measure.sinks import DEFAULT_EPS, check_eps
 

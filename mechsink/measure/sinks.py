@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, grid_frame, rounded, rounded_list, stacked
 from mechsink.measure.wide import wide
 
 HOOKS = ("attn.hook_pattern",)

@@ -18,7 +18,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechsink.io import atomic_write_json
-from mechsink.measure._cache import CacheLike
+from mechsink.measure.cache import CacheLike
 from mechsink.measure.forward import measure_forward, of_cache
 from mechsink.measure.norms import RESID_HOOKS, first_token_norm_ratio
 from mechsink.measure.sinks import DEFAULT_EPS, SinkScores, sink_scores

@@ -33,7 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import CacheLike, grid_frame, rounded, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, grid_frame, rounded, rounded_list, stacked
 from mechsink.measure.sinks import DEFAULT_EPS, check_eps, sink_score
 
 HOOKS = ("attn.hook_pattern", "attn.hook_v")

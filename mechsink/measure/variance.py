@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, grid_frame, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, grid_frame, rounded_list, stacked
 
 HOOKS = ("hook_attn_out", "attn.hook_pattern")
 

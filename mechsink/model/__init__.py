@@ -6,8 +6,11 @@
 - :mod:`~mechsink.model.tokens`: tokens with an explicit BOS, checked against vocabulary and
   context.
 - :mod:`~mechsink.model.hooks`: hook names, and how a hook edits what it sees.
-- :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware), the attention
-  scale, and whether attention has a learned sink logit.
+- :mod:`~mechsink.model.weights`: the weights measurements read (GQA-aware projections and
+  biases, the norms' gains), the attention scale, and whether attention has a learned sink
+  logit.
+- :mod:`~mechsink.model.switches`: TransformerLens's per-head hook switches
+  (``use_split_qkv_input`` ...) set for a ``with`` block and restored.
 - :mod:`~mechsink.model.probes`: what a model really does (:func:`capabilities`: hooks that
   fire, a forward from a later layer, the unembedding, batch growth), probed once per model.
 - :mod:`~mechsink.model.support`: :func:`check_supported`, every entry point's first line: a
@@ -60,8 +63,10 @@ _LAZY = {
     "moe_experts": "mechsink.model.moe",
     "load_model": "mechsink.model.zoo",
     "n_kv_heads": "mechsink.model.weights",
+    "norm_gain_bias": "mechsink.model.weights",
     "norm_params": "mechsink.model.weights",
     "plain_hf_copy": "mechsink.model.adapter",
+    "projection_bias": "mechsink.model.weights",
     "post_mlp_norms": "mechsink.model.mlp_out",
     "query_bias": "mechsink.model.weights",
     "run_from_layer": "mechsink.model.forward",
@@ -77,6 +82,7 @@ _LAZY = {
     "true_d_mlp": "mechsink.model.adapter",
     "true_dtype": "mechsink.model.adapter",
     "unembed": "mechsink.model.forward",
+    "value_weights": "mechsink.model.weights",
     "wrap": "mechsink.model.adapter",
     "wrap_hf": "mechsink.model.adapter",
     "write_in_place": "mechsink.model.hooks",
@@ -110,8 +116,10 @@ __all__ = [
     "check_supported", "check_tokens", "context_length", "down_projection",
     "down_projection_bias", "has_hook", "has_learned_sink", "head_output_weights", "hf_model_of",
     "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",
-    "load_model", "moe_experts", "n_kv_heads", "norm_params", "plain_hf_copy", "post_mlp_norms",
-    "query_bias", "run_from_layer", "run_with_kv", "save_organism", "scale_edits_expected",
+    "load_model", "moe_experts", "n_kv_heads", "norm_gain_bias", "norm_params", "plain_hf_copy",
+    "post_mlp_norms", "projection_bias", "query_bias", "run_from_layer", "run_with_kv",
+    "save_organism", "scale_edits_expected",
     "supports_prefix_reuse", "tl_get_act_name", "to_tokens", "token_strings", "tokenizer_of",
-    "true_act_fn", "true_d_mlp", "true_dtype", "unembed", "wrap", "wrap_hf", "write_in_place",
+    "true_act_fn", "true_d_mlp", "true_dtype", "unembed", "value_weights", "wrap", "wrap_hf",
+    "write_in_place",
 ]

@@ -54,3 +54,9 @@ def starts_at_layer(model: Any) -> bool:
     """Whether ``model(resid, start_at_layer=L)`` works: always on a HookedTransformer; on a
     TransformerBridge from TransformerLens 4 on (3.x bridges raise NotImplementedError)."""
     return not is_bridge(model) or tl_major() >= 4
+
+
+def plain_module(module: Any) -> Any:
+    """The transformers module under a bridge component (the module itself when it is one):
+    calling it fires no hook, and its parameters are the model's own."""
+    return getattr(module, "_original_component", None) or module

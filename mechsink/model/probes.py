@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.model.hooks import KINDS
 from mechsink.model.patches.growing_batch import masks_follow_batch
 from mechsink.model.shortcuts import start_forward, unembed
 
@@ -165,12 +166,10 @@ def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str,
            fired: frozenset[str] = frozenset()) -> bool:
     """A forward whose batch doubles at the last block's ``suffix`` (each row copied) gives
     every copy its row's logits, and every patchable hook of that block that fires
-    (``fired``; :func:`mechsink.names.kind_of_hook`) sees the grown batch first: a hooked
-    activation reshaped from the batch the block started with (OPT's MLP hooks, unflattened
-    from ``[batch * pos, d]`` with the batch stamped at the block's entry) would be patched
-    in the wrong shape."""
-    from mechsink.names import kind_of_hook
-
+    (``fired``; the in-block kinds of :data:`~mechsink.model.hooks.KINDS`) sees the grown batch
+    first: a hooked activation reshaped from the batch the block started with (OPT's MLP
+    hooks, unflattened from ``[batch * pos, d]`` with the batch stamped at the block's entry)
+    would be patched in the wrong shape."""
     layer = int(model.cfg.n_layers) - 1
     rows = 2 * int(tokens.shape[0])
     wrong: list[str] = []
@@ -183,8 +182,9 @@ def _grows(model: Any, tokens: torch.Tensor, logits: torch.Tensor, suffix: str,
             wrong.append(hook.name)
 
     name = f"blocks.{layer}.{suffix}"
+    patchable = {k.hook for k in KINDS.values() if k.in_block}
     watched = [(f"blocks.{layer}.{s}", check) for s in sorted(fired - {suffix})
-               if kind_of_hook(f"blocks.{layer}.{s}") is not None]
+               if s in patchable]
     try:
         with model.hooks(fwd_hooks=[(name, double), *watched]), masks_follow_batch(model):
             grown = model(tokens, return_type="logits")

@@ -75,6 +75,14 @@ def bos_token_id(model: Any) -> int | None:
     return None if tok is None else tok.bos_token_id
 
 
+def use_bos(model: Any, bos: bool | None) -> bool:
+    """Whether a text starts with the BOS token: as asked, else where the model has one."""
+    has = bos_token_id(model) is not None
+    if bos and not has:
+        raise BadInputError("bos=True but this tokenizer has no BOS token: use bos=False.")
+    return has if bos is None else bool(bos)
+
+
 def to_tokens(
     model: Any,
     text: str | Sequence[str],

@@ -71,6 +71,30 @@ def key_bias(model: Any) -> Float[Tensor, "layer kv_head d_head"] | None:
     return None if b_k is None else b_k.detach()
 
 
+def value_weights(model: Any) -> Float[Tensor, "layer kv_head d_model d_head"]:
+    """The value projections per KV head, ``[layer, kv_head, d_model, d_head]`` (raw,
+    detached): ``hook_v[..., g, :] = x @ W_V[l, g] + b_V[l, g]`` on either kind of model."""
+    if _grouped(model):
+        return torch.stack([b.attn._W_V for b in model.blocks]).detach()
+    return model.W_V.detach()
+
+
+def projection_bias(model: Any, name: str, heads: int, layer: int = 0
+                    ) -> Float[Tensor, "head d_head"] | None:
+    """Block ``layer``'s projection bias ``name`` (``"b_Q"``, ``"b_K"`` or ``"b_V"``) as
+    ``[head, d_head]`` for ``heads`` heads (per KV head for keys and values on a grouped-query
+    HookedTransformer asked for fewer than ``n_heads``), detached; None when there is none."""
+    if is_hooked_transformer(model) and name != "b_Q" and heads != int(model.cfg.n_heads):
+        b = getattr(model.blocks[layer].attn, f"_{name}", None)
+    else:
+        try:
+            b = getattr(model, name)
+        except (AttributeError, RuntimeError):
+            return None
+        b = None if b is None else b[layer]
+    return None if b is None else b.detach()
+
+
 def query_bias(model: Any, layer: int) -> Float[Tensor, "head d_head"] | None:
     """The learned query bias ``b_Q`` of a block, ``[head, d_head]`` (detached), or None when
     the model's query projection has no bias (Llama, Gemma, SmolLM2)."""
@@ -94,6 +118,15 @@ def norm_params(model: Any, layer: int, which: str = "ln1") -> tuple[Tensor, Ten
     norm = getattr(model.blocks[layer], which)
     bias = getattr(norm, "b", None)
     return norm.w, bias
+
+
+def norm_gain_bias(model: Any, layer: int, which: str = "ln1"
+                   ) -> tuple[Tensor | None, Tensor | None]:
+    """Gain and bias of block ``layer``'s normalisation ``which``, detached, each None where
+    the norm has none (no bias on RMSNorm, neither on LNPre)."""
+    norm = getattr(model.blocks[layer], which)
+    w, b = getattr(norm, "w", None), getattr(norm, "b", None)
+    return (None if w is None else w.detach()), (None if b is None else b.detach())
 
 
 def attention_scale(model: Any, layer: int | None = None) -> float:

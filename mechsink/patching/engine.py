@@ -340,7 +340,7 @@ def run_patched(
     if len(joins) != n or joins[0] != start or sorted(joins) != joins or (stacked and any(
             j != start for j in joins)):
         raise ValueError(f"joins must be {n} non-decreasing layers starting at {start}.")
-    grow = _growth_hooks(base, joins, start, p)
+    grow = growth_hooks(base, joins, start, p)
 
     def capture_as(name: str) -> HookFn:  # keyed by the name asked for (hooks have aliases)
         def capture(act: Tensor, hook: Any) -> None:
@@ -415,9 +415,12 @@ def _complete(
     return acts, logits
 
 
-def _growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple[str, HookFn]]:
+def growth_hooks(base: Run, joins: list[int], start: int, p: int) -> list[tuple[str, HookFn]]:
     """Hooks that append, entering block ``L``, the copies that join there: ``base``'s own
-    residual at ``L`` (positions ``p..``), to be patched by the caller's hooks of block ``L``."""
+    residual at ``L`` (positions ``p..``), to be patched by the caller's hooks of block ``L``.
+
+    ``joins[i]`` is the block copy ``i`` joins at (sorted, ``joins[0] == start``): the staircase
+    the engine runs on, and path patching's sender run too."""
     hooks: list[tuple[str, HookFn]] = []
     for layer in sorted(set(joins) - {start}):
         name = act_name("resid_pre", layer)

@@ -263,7 +263,7 @@ def _through_receivers(
     hooks = [r.hook for r in recvs]
     rec = [(h, _recorder(recorded, h)) for h in dict.fromkeys(hooks)]
     start = joins[0]
-    grow = engine._growth_hooks(base, joins, start, p)
+    grow = engine.growth_hooks(base, joins, start, p)
     prefix: Any = None
     if p:
         counts = [sum(j <= layer for j in joins) for layer in range(int(model.cfg.n_layers))]
@@ -442,6 +442,7 @@ def _mix(keep: Tensor | None, stacked: Tensor | None, clean: Tensor, p: int = 0)
     of one the broadcast clean value reshapes to a stride-0 view, which transformers'
     ``Conv1D`` (GPT-2's ``c_proj`` reads ``hook_post``) cannot ``view``."""
     seq_len = clean.shape[1]
+    keep = None if keep is None else keep.to(clean.device)  # built on the CPU
     if p:  # [batch, pos, ...] / [copies, batch or 1, pos or 1, ...]: drop positions < p
         clean = clean[:, p:]
         stacked = None if stacked is None else stacked[:, :, p:]

@@ -274,5 +274,5 @@ def group_rows(run: GraphRun, grads: dict[str, Tensor], group: list[int]
     for _, cols, grad in scores.grad_columns(run, grads, after_stage=stage):
         # [token, u, d] @ [token, d, column] -> [token, u, column], summed over tokens
         prod = torch.matmul(delta, grad.double().transpose(1, 2)).sum(0)
-        out.index_add_(1, torch.tensor(cols), prod)
+        out.index_add_(1, torch.tensor(cols), prod.cpu())  # the scores stay on the CPU
     return out

@@ -113,7 +113,8 @@ class StackedCache:
 
     def keys(self) -> list[str]:
         held = [hook_name(layer, s) for s, t in self._stacks.items() for layer in range(len(t))]
-        return held + [k for k in self._rest if k not in set(held)]
+        kept = set(held)
+        return held + [k for k in self._rest if k not in kept]
 
     def __getitem__(self, name: str) -> Tensor:
         m = _BLOCK.match(name)

@@ -38,6 +38,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
+from mechsink.model.tokens import use_bos
 
 DEFAULT_WINDOWS = (16, 64, 128)
 DEFAULT_SINKS = (0, 1, 4)
@@ -162,7 +163,7 @@ def perplexity_table(
     """Dense perplexity and ``table[s][W]`` over targets ``max(s) + max(W) .. n - 1``, every
     forward under ``edits`` (interventions; none: the clean model)."""
     targets = list(range(max(windows) + max(sinks), int(tokens.shape[0])))
-    if edits:  # lazily: the interventions package sits above measure
+    if edits:  # imported only when there are edits to apply
         from mechsink.interventions.edits import applied
 
         scope: Any = applied(model, list(edits))
@@ -174,16 +175,6 @@ def perplexity_table(
                                                   batch_size=batch_size).mean()))
                      for w in windows} for s in sinks}
     return dense, table
-
-
-def use_bos(model: Any, bos: bool | None) -> bool:
-    """Whether the text starts with the BOS token: as asked, else where the model has one."""
-    from mechsink.model import bos_token_id
-
-    has = bos_token_id(model) is not None
-    if bos and not has:
-        raise BadInputError("bos=True but this tokenizer has no BOS token: use bos=False.")
-    return has if bos is None else bool(bos)
 
 
 def streaming_text(model: Any, n_tokens: int, bos: bool | None = None) -> Int[Tensor, " n"]:
