@@ -357,7 +357,7 @@ def test_circuit_work_dir_is_not_an_option(tmp_path, no_training):
 def test_sweep_experiment_job_that_needs_a_work_folder_is_refused(tmp_path, no_training, name):
     message = _spec_error(tmp_path, f'jobs = ["experiment"]\n[experiment]\nname = "{name}"\n')
     assert f"line 4: experiment {name} writes its own runs into a work folder" in message
-    assert ("atlas job" if name == "atlas" else f"mechsink circuit {name} --out DIR") in message
+    assert ("atlas job" if name == "atlas" else f"mechsink experiment {name} --out DIR") in message
 
 
 def test_sweep_sink_timeline_run_dir_is_taken_from_the_spec_folder(tmp_path, no_load):

@@ -1,4 +1,4 @@
-"""One validation for every setting (mechsink.settings): the CLI, `mechsink circuit`, the
+"""One validation for every setting (mechsink.settings): the CLI, `mechsink experiment`, the
 sweep's spec check and the experiments give the same one-line message, before any model loads
 (#29 items 10, 16 and "one validation for every setting")."""
 
@@ -13,6 +13,7 @@ from mechsink import settings
 from mechsink.app.cli import app
 from mechsink.app.sweep import load_spec
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 
 
 @pytest.fixture()
@@ -86,13 +87,13 @@ def test_prompt_pairs_and_directions() -> None:
     ("headwise_rmsnorm", {"seeds": [0, -1]}, "--seeds must be 0 or more, got -1"),
 ])
 def test_experiment_settings_are_checked_with_their_options(name, given, words) -> None:
-    assert words in _message(settings.check_experiment_settings, name, given)
+    assert words in _message(check_experiment_settings, name, given)
 
 
 def test_experiment_settings_against_the_model() -> None:
     assert "--top 99 is more than the model's 8 heads" in _message(
-        settings.check_experiment_settings, "gpt2_query_bias", {"top": 99},
+        check_experiment_settings, "gpt2_query_bias", {"top": 99},
         model="random:gpt2-tiny")
-    settings.check_experiment_settings("gpt2_query_bias", {"top": 8}, model="random:gpt2-tiny")
-    settings.check_experiment_settings("structural_origin", {"seq_len": 64},
-                                       model="random:llama-tiny")
+    check_experiment_settings("gpt2_query_bias", {"top": 8}, model="random:gpt2-tiny")
+    check_experiment_settings("structural_origin", {"seq_len": 64},
+                              model="random:llama-tiny")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 import typing
@@ -17,7 +16,12 @@ from rich.table import Table
 import mechsink.model as mechsink_model  # a lazy package: its names import on first use
 from mechsink import settings
 from mechsink.errors import MechsinkError
-from mechsink.settings import DEFAULT_EPS
+from mechsink.jobs import census as census_job
+from mechsink.jobs import discover as discover_job
+from mechsink.jobs import experiment as experiment_job
+from mechsink.jobs import patch as patch_job
+from mechsink.jobs.prompts import check_same_lengths
+from mechsink.jobs.spec import cli_name, default, help_of, parse_numbers
 
 app = typer.Typer(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
@@ -58,21 +62,6 @@ def fail(exc: MechsinkError) -> None:
 # --- checks that run before any model loads ---------------------------------------------------
 
 
-def parse_layers(text: str | None, option: str, what: str = "layer") -> tuple[int, ...] | None:
-    """``"0,2,5"`` -> (0, 2, 5); None stays None; anything else is an error naming ``option``
-    and ``what`` the numbers are (layer, position)."""
-    if text is None:
-        return None
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        raise MechsinkError(f"{option} takes comma-separated {what} numbers such as 0,2,5; "
-                            f"got {text!r}.") from None
-    if any(v < 0 for v in values):
-        raise MechsinkError(f"{option}: {what} numbers start at 0, got {text!r}.")
-    return values
-
-
 def _check_generation(model: str, prompt_len: int, tokens: int, n_ctx: int | None) -> None:
     """The prompt and ``tokens`` generated after it fit the model's context."""
     if n_ctx is not None and prompt_len + tokens > n_ctx:
@@ -87,29 +76,6 @@ def _prompt_length(tok: typing.Any, prompt: str, prepend_bos: bool) -> int:
 
     bos = prepend_bos and getattr(tok, "bos_token_id", None) is not None
     return len(encode(tok, prompt)) + int(bos)
-
-
-def _check_same_lengths(tok: typing.Any, texts: dict[str, list[str] | None], *,
-                        early: bool = False) -> None:
-    """Every prompt given (``--clean``, ``--corrupted``) tokenises to the same number of
-    tokens: they run as one batch and are compared position by position. ``early`` (before
-    the model loads): a prompt the tokenizer refuses is left to the check after loading, so
-    the model's own refusal (an unsupported architecture) comes first."""
-    from mechsink.model.tokens import encode
-
-    try:
-        lengths = [(flag if len(given) == 1 else f"{flag} {i}", len(encode(tok, t)))
-                   for flag, given in texts.items() if given for i, t in enumerate(given, 1)]
-    except MechsinkError:
-        if early:
-            return
-        raise
-    if len({n for _, n in lengths}) > 1:
-        shown = ", ".join(f"{label}: {n}" for label, n in lengths)
-        raise MechsinkError(f"the prompts tokenise to different lengths ({shown} tokens): give "
-                            f"{' and '.join(f for f, g in texts.items() if g)} prompts of the same "
-                            "number of tokens (they run as one batch, compared position by "
-                            "position).")
 
 
 # the one validation of mechsink.settings, under the names the commands use
@@ -241,6 +207,15 @@ def info(
     console.print(f"[bold]greedy continuation[/]: {tok.decode(out[0, ids.shape[1]:])!r}")
 
 
+def _C(name: str) -> typing.Any:
+    """A census option's default, from its spec (:mod:`mechsink.jobs.census`)."""
+    return default(census_job.Spec, name)
+
+
+def _CH(name: str) -> str:
+    return help_of(census_job.Spec, name)
+
+
 @app.command()
 def scan(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:llama-tiny"),
@@ -249,46 +224,33 @@ def scan(
         None, "--suite", help="natural, random, repeated (repeat the option; default: all)"),
     variant: list[str] | None = typer.Option(
         None, "--variant", help="bos, nobos, randfirst (repeat the option; default: all)"),
-    n: int = typer.Option(32, "--n", help="sequences per suite and variant"),
-    seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence (T)"),
-    eps: float = typer.Option(DEFAULT_EPS, help="sink-rate threshold on the sink score, in (0, 1)"),
-    seed: int = typer.Option(0, help="seed of the inputs (and the weights of random:... models)"),
-    batch_size: int = typer.Option(8, "--batch-size", help="sequences per forward pass"),
+    n: int = typer.Option(_C("n"), "--n", help=_CH("n")),
+    seq_len: int = typer.Option(_C("seq_len"), "--seq-len", help=_CH("seq_len")),
+    eps: float = typer.Option(_C("eps"), help=_CH("eps")),
+    seed: int = typer.Option(_C("seed"), help=_CH("seed")),
+    batch_size: int = typer.Option(_C("batch_size"), "--batch-size", help=_CH("batch_size")),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     report: bool = typer.Option(True, help="also write figures, attention.html and index.html"),
-    validate_sets: bool = typer.Option(
-        False, help="zero every super-neuron set against a same-size random set to name the "
-                    "block whose set carries the sink (1 + 2 x sets forwards of 16 prompts; "
-                    "off by default: it can take most of the census's time)"),
+    validate_sets: bool = typer.Option(_C("validate_sets"), help=_CH("validate_sets")),
 ) -> None:
     """Sink census: sink scores and rates, massive activations, super neurons, norm ratios,
     value drain, key-bias cosine, dormant heads and variance discrepancy on every input suite;
     writes DIR/census.json (+ figures and an offline index.html) and prints a summary."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from mechsink.inputs.corpus import check_corpus_size
-    from mechsink.inputs.prompts import SUITES, VARIANTS
-    from mechsink.io import atomic_write_json, check_writable
-    from mechsink.measure.census import (
-        CENSUS_FILE,
-        census,
-        check_census_args,
-        check_out_dir,
-        summary_rows,
-    )
+    from mechsink.io import check_writable
+    from mechsink.measure.census import check_census_args, check_out_dir, summary_rows
     from mechsink.model.zoo import load_model
     from mechsink.progress import mode as progress_mode
     from mechsink.progress import phase
 
-    suites, variants = list(suite or SUITES), list(variant or VARIANTS)
+    suites = list(suite or census_job.SUITES)
+    variants = list(variant or census_job.VARIANTS)
+    spec = census_job.Spec(suites=suites, variants=variants, n=n, seq_len=seq_len, seed=seed,
+                           eps=eps, batch_size=batch_size, validate_sets=validate_sets)
     try:  # every check that needs no model, before loading one
-        settings.check_suites(suites, variants, n, seq_len)
-        settings.check_eps(eps)
-        check_batch_size(batch_size)
-        check_context(model, seq_len, "--seq-len")
-        if "natural" in suites and settings.reads_the_corpus(model):
-            check_corpus_size(n)
+        census_job.check(spec, [model], option=cli_name)
         _check_device(device)
         folder = check_out_dir(check_writable(out))
     except MechsinkError as exc:
@@ -322,15 +284,12 @@ def scan(
                     began["at"] = now
 
             try:  # e.g. fewer natural texts of --seq-len tokens than --n: one line
-                result = census(bridge, suites, variants, n=n, seq_len=seq_len, eps=eps,
-                                seed=seed, batch_size=batch_size, model_name=model,
-                                progress=progress, validate_sets=validate_sets)
+                data = census_job.run(bridge, spec, model_name=model, progress=progress)
             except MechsinkError as exc:
                 fail(exc)
-            data = result.to_dict()
         with _result_set(folder) as staging:
             # strict JSON: a non-finite value is null with a reason beside it (mechsink.io)
-            written = [atomic_write_json(staging / CENSUS_FILE, data, sort_keys=True)]
+            written = census_job.write(data, staging, report=False)
             if report:
                 from mechsink.viz import write_report
 
@@ -384,33 +343,36 @@ def train(
     console.print(f"checkpoints in {folder}: load them as organism:{folder}/step-N")
 
 
+def _P(name: str) -> typing.Any:
+    """A patch option's default, from its spec (:mod:`mechsink.jobs.patch`)."""
+    return default(patch_job.Spec, name)
+
+
+def _PH(name: str) -> str:
+    return help_of(patch_job.Spec, name)
+
+
 @app.command()
 def patch(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
     clean: str = typer.Option(..., help="clean prompt"),
     corrupted: str = typer.Option(..., help="corrupted prompt (same number of tokens)"),
-    site: str = typer.Option("resid_pre", help="resid_pre|resid_mid|resid_post|attn_out|mlp_out"
-                             "|z|q|k|v|pattern|neuron, or any hook name (attn.hook_z, "
-                             "blocks.3.attn.hook_z, L3H5@0, MLP3), optionally _by_pos / "
-                             "_all_pos"),
-    metric: str = typer.Option("logit_diff", help="logit_diff[:GOOD:BAD], log_prob:T, kl, "
-                               "sink_score:L[:H], massive_value:L:POS:CH, resid_norm:L:POS"),
+    site: str = typer.Option(_P("site"), help=_PH("site")),
+    metric: str = typer.Option(_P("metric"), help=_PH("metric")),
     out: str = typer.Option(..., "--out", help="folder for patch.json and patch.png"),
     layers: str | None = typer.Option(None, help="comma-separated layers (default: all)"),
     positions: str | None = typer.Option(None, help="comma-separated positions to patch "
                                          "(default: all)"),
-    key_position: int | None = typer.Option(None, "--key-position", help="a sink_score "
-                                            "metric's key position (default 0: the first "
-                                            "token's sink)"),
-    direction: str = typer.Option("denoise", help="denoise (patch clean into corrupted) or noise"),
-    normalize: bool = typer.Option(False, help="rescale so 0 = run input, 1 = source input"),
-    prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0"),
+    key_position: int | None = typer.Option(_P("key_position"), "--key-position",
+                                            help=_PH("key_position")),
+    direction: str = typer.Option(_P("direction"), help=_PH("direction")),
+    normalize: bool = typer.Option(_P("normalize"), help=_PH("normalize")),
+    prepend_bos: bool = typer.Option(_P("prepend_bos"), help=_PH("prepend_bos")),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
-    memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes of "
-                                             "activations to plan for, e.g. 2GiB or 512MiB "
-                                             "(default: a share of the device's free memory)"),
+    memory_budget: str | None = typer.Option(_P("memory_budget"), "--memory-budget",
+                                             help=_PH("memory_budget")),
 ) -> None:
     """Activation-patch SITE between two prompts; write the result JSON and a heatmap."""
     from mechsink.io import check_writable
@@ -422,15 +384,15 @@ def patch(
     from mechsink.patching import activation_patch, parse_metric, parse_site
 
     try:  # every check that needs no model, before loading one
-        chosen = parse_layers(layers, "--layers")
-        where = parse_layers(positions, "--positions", "position")
+        chosen = parse_numbers(layers, "--layers")
+        where = parse_numbers(positions, "--positions", "position")
         the_site = parse_site(site, layers=chosen,
                               **({} if where is None else {"positions": where}))
         settings.check_text(clean, "--clean")
         settings.check_text(corrupted, "--corrupted")
-        _check_no_empty_prompt([clean], [corrupted])
+        discover_job.check_no_empty_prompt([clean], [corrupted])
         settings.check_metric(metric)  # bare logit_diff needs the model's predictions
-        _check_key_position(metric, key_position)
+        patch_job.check_key_position(metric, key_position)
         resolve_dtype(dtype)
         settings.check_direction(direction)
         budget = None if memory_budget is None else parse_size(memory_budget)
@@ -438,7 +400,7 @@ def patch(
         check_context(model, 1, "--clean")  # the name, before the model loads
         tok = settings.model_tokenizer(model)  # no weights needed
         if tok is not None:
-            _check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]},
+            check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]},
                                 early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
@@ -451,7 +413,7 @@ def patch(
             c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
-            the_metric = _at_key(parse_metric(metric, bridge, c, x), key_position,
+            the_metric = patch_job.at_key(parse_metric(metric, bridge, c, x), key_position,
                                  c.shape[-1])
             with console.status(f"patching {the_site.label}"):
                 result = activation_patch(bridge, c, x, the_site, the_metric,
@@ -471,45 +433,23 @@ def patch(
                   f"{folder / 'patch.png'}")
 
 
-def _check_key_position(metric: str, key_position: int | None) -> None:
-    """``--key-position`` belongs to a sink_score metric and is a position (checked before
-    any model loads; against the prompt's length once it is tokenised)."""
-    if key_position is None:
-        return
-    if metric.split(":", 1)[0].strip() != "sink_score":
-        raise MechsinkError(f"--key-position is the key position of a sink_score metric; "
-                            f"--metric {metric!r} has none.")
-    if key_position < 0:
-        raise MechsinkError(f"--key-position: position numbers start at 0, got {key_position}.")
-
-
-def _at_key(metric: typing.Any, key_position: int | None, seq_len: int) -> typing.Any:
-    """``metric`` reading the sink at ``key_position`` (unchanged without one)."""
-    if key_position is None:
-        return metric
-    if key_position >= seq_len:
-        raise MechsinkError(f"--key-position {key_position} is past the prompt's {seq_len} "
-                            f"tokens (positions 0..{seq_len - 1}).")
-    return dataclasses.replace(metric, position=key_position)
-
-
 #: off a terminal (a log), a step of scan that ran this long writes a line when it ends
 STEP_LINE_AFTER = 5.0
 
 
 def _settings_help(name: str) -> str:
     """The settings of experiment ``name`` (from its ``run()`` signature and docstring), as
-    ``mechsink circuit NAME --help`` lists them."""
+    ``mechsink experiment NAME --help`` lists them."""
     import inspect
 
     from mechsink.experiments import get_experiment, setting_type
     from mechsink.experiments.script import setting_help
 
     experiment = get_experiment(name)
-    head = (f"mechsink circuit {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
+    head = (f"mechsink experiment {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
             f"(default {experiment.default_model}); --seed and --device as for the other "
             "commands." if experiment.needs_model else
-            f"mechsink circuit {name} --out DIR [SETTINGS]\n\n{name} takes no model (" + (
+            f"mechsink experiment {name} --out DIR [SETTINGS]\n\n{name} takes no model (" + (
                 "it loads the ones --models names, one at a time" if "models" in
                 experiment.settings() else "it trains its own organisms under --out") + ").")
     lines = [head, "", "settings (from its run()):"]
@@ -530,10 +470,13 @@ def _settings_help(name: str) -> str:
     return "\n".join(lines)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
-                               "help_option_names": []})
+_EXPERIMENT_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True,
+                       "help_option_names": []}
+
+
+@app.command(context_settings=_EXPERIMENT_CONTEXT)
 @typing.no_type_check  # typer hands in its base Context class, not the annotated subclass
-def circuit(
+def experiment(
     ctx: typer.Context,
     name: str | None = typer.Argument(None, help="experiment, e.g. structural_origin or p0_sink"),
     out: str | None = typer.Option(None, "--out", help="folder for result.json, figures, "
@@ -543,10 +486,10 @@ def circuit(
     show_help: bool = typer.Option(False, "--help", "-h", help="show this message; with NAME, "
                                    "the experiment's settings"),
 ) -> None:
-    """Run an experiment of mechsink.experiments by name: `mechsink circuit NAME [MODEL] --out
+    """Run an experiment of mechsink.experiments by name: `mechsink experiment NAME [MODEL] --out
     DIR --setting VALUE ...`. MODEL (a zoo name) only for experiments that take one; further
     --options are its settings (e.g. --n 8 --seq-len 32), as the script of the same name in
-    circuits/ takes them; `mechsink circuit NAME --help` lists them. Every setting is checked
+    circuits/ takes them; `mechsink experiment NAME --help` lists them. Every setting is checked
     before any model loads."""
     from mechsink.experiments import EXPERIMENTS, get_experiment
     from mechsink.io import check_writable, folder_lock
@@ -559,44 +502,48 @@ def circuit(
             console.print(ctx.get_help() if name is None else _settings_help(name),
                           markup=False, highlight=False)
             return
-        experiment = get_experiment(name)
+        chosen = get_experiment(name)
         args = list(ctx.args)
         model: str | None = None
         if args and not args[0].startswith("--"):  # a model, before the settings
             model = args.pop(0)
-            if not experiment.needs_model:
+            if not chosen.needs_model:
                 raise MechsinkError(
                     f"{name} takes no model (it trains its own), got {model!r}; experiments "
                     "that take one: " + ", ".join(e.name for e in EXPERIMENTS.values()
                                                   if e.needs_model))
-        the_settings = experiment.parse_settings(args)
+        the_settings = chosen.parse_settings(args)
         if out is None:
             raise MechsinkError(f"{name} needs --out DIR: the folder for its result.")
-        model_name = model or experiment.default_model
-        settings.check_experiment_settings(name, the_settings, model=model_name)
-        if experiment.needs_model:
+        model_name = model or chosen.default_model
+        experiment_job.check(experiment_job.Spec(name, the_settings), [model_name])
+        if chosen.needs_model:
             _check_device(device)
         folder = check_writable(out)  # before the work, not after it ('' is an error)
         with folder_lock(folder):
-            if experiment.needs_model:
+            if chosen.needs_model:
                 from mechsink.model.zoo import load_model
 
                 with console.status(f"loading {model_name}"):
                     the_model = load_model(model_name, device=device, seed=seed)
-                seq_len = the_settings.get("seq_len", experiment.settings().get("seq_len"))
+                seq_len = the_settings.get("seq_len", chosen.settings().get("seq_len"))
                 if seq_len is not None:  # a model whose config needed its weights
                     from mechsink.model import check_seq_len
 
                     check_seq_len(the_model, getattr(seq_len, "default", seq_len))
-                result = experiment.run(the_model, model_name=model_name, **the_settings)
+                result = chosen.run(the_model, model_name=model_name, **the_settings)
             else:
-                if "work_dir" in experiment.settings():
+                if "work_dir" in chosen.settings():
                     the_settings.setdefault("work_dir", folder)
-                result = experiment.run(**the_settings)
+                result = chosen.run(**the_settings)
             result.save(folder)  # one result set; the summary is drawn before any write
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)
+
+
+#: the command's name before 0.2.0, kept working (not listed): ``mechsink circuit NAME``
+app.command("circuit", context_settings=_EXPERIMENT_CONTEXT, hidden=True)(experiment)
 
 
 @app.command()
@@ -628,176 +575,77 @@ def sweep(
         raise typer.Exit(1)
 
 
-def _check_no_empty_prompt(clean: list[str] | None, corrupted: list[str] | None) -> None:
-    """An empty --clean or --corrupted prompt is one line naming which (discover's check)."""
-    for flag, texts in (("--clean", clean), ("--corrupted", corrupted)):
-        empty = [i for i, t in enumerate(texts or [], 1) if not t.strip()]
-        if empty:
-            raise MechsinkError(f"{flag} prompt {empty[0]} is empty: give text (or leave "
-                                "--clean out for --n natural prompts of --seq-len tokens).")
+def _D(name: str) -> typing.Any:
+    """A discover option's default, from its spec (:mod:`mechsink.jobs.discover`)."""
+    return default(discover_job.Spec, name)
 
 
-
-def _check_discover_choices(method: str, clean: list[str] | None, corrupted: list[str] | None,
-                            ablation: str, curves: str, ig: str, select: str,
-                            convention: str = "mechsink") -> list[str]:
-    """discover's choices checked before any model loads; returns the curves' extra ablations."""
-    from mechsink.discover import METHODS
-    from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
-    from mechsink.interventions.ablation import KINDS
-
-    if method not in METHODS:
-        raise MechsinkError(f"--method must be one of {', '.join(METHODS)}, got {method!r}.")
-    extra = [a for a in curves.split(",") if a.strip()]
-    for a in ([] if corrupted else [ablation]) + extra:
-        if a not in KINDS:
-            raise MechsinkError(f"unknown ablation {a!r}: choose one of {', '.join(KINDS)}.")
-    if corrupted and len(corrupted) != len(clean or []):
-        raise MechsinkError("give one --corrupted prompt per --clean prompt.")
-    for flag, value, allowed in (("--ig", ig, PATHS), ("--select", select, ("top", "greedy")),
-                                 ("--convention", convention, CONVENTIONS)):
-        if value not in allowed:
-            raise MechsinkError(f"{flag} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
-                                f"got {value!r}.")
-    return extra
-
-
-def _export_formats(export: str) -> list[str]:
-    """``--export tsv,json`` as the edge lists' suffixes, checked before any work."""
-    formats = [f".{f.strip().lower()}" for f in export.split(",") if f.strip()]
-    bad = [f[1:] for f in formats if f not in (".tsv", ".json")]
-    if bad:
-        raise MechsinkError(f"--export takes tsv and/or json (comma-separated), got "
-                            f"{', '.join(map(repr, bad))}.")
-    return list(dict.fromkeys(formats))
+def _DH(name: str) -> str:
+    return help_of(discover_job.Spec, name)
 
 
 @app.command()
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
-    metric: str = typer.Option(..., help="sink_score:L[:H], massive_value:L:POS:CH, "
-                               "resid_norm:L:POS, logit_diff[:GOOD:BAD], log_prob:T, kl"),
+    metric: str = typer.Option(..., help=_DH("metric")),
     out: str = typer.Option(..., "--out", help="folder for discover.json, circuit.json/.png, "
                             "faithfulness.png, summary.md"),
-    method: str = typer.Option("eap-ig", help="a method of mechsink.discover.methods: eap, "
-                               "eap-ig, exact, ..."),
-    clean: list[str] | None = typer.Option(None, help="clean prompt (repeat for a batch; default: "
-                                    "--n natural sequences of --seq-len tokens)"),
-    corrupted: list[str] | None = typer.Option(None, help="counterfactual prompts, one per --clean "
-                                        "(default: corrupt by --ablation)"),
-    ablation: str = typer.Option("position_mean", help="zero, batch_mean, position_mean or "
-                                 "resample (without --corrupted)"),
-    positions: str | None = typer.Option("0", help="corrupt senders at these positions only "
-                                         "(comma-separated; 'all' for every position)"),
-    n: int = typer.Option(8, help="natural prompts when --clean is not given"),
-    seq_len: int = typer.Option(32, help="tokens per natural prompt"),
-    steps: int = typer.Option(5, help="EAP-IG interpolation steps"),
-    ig: str = typer.Option("activations", help="EAP-IG's path from clean to corrupted: inputs "
-                           "(the embedding), activations (one sender group at a time) or "
-                           "coefficients (every edge at once; memory grows with the graph)"),
-    qk_fix: bool = typer.Option(True, help="AtP*'s QK fix for edges into queries and keys"),
-    convention: str = typer.Option("mechsink", help="EAP-IG's step points and sums: mechsink "
-                                   "(midpoints; a group's edges from its own runs) or "
-                                   "reference (as the reference EAP-IG implementation, to "
-                                   "reproduce published numbers; add --no-qk-fix)"),
-    verify: int = typer.Option(20, help="re-patch this many top edges exactly"),
-    max_exact: int = typer.Option(1000, help="when the re-patch disagrees with the method, "
-                                  "patch the circuit's edges exactly and select again, up to "
-                                  "this many exact edges"),
-    select: str = typer.Option("top", help="top (by score) or greedy"),
-    edges: int | None = typer.Option(None, help="circuit size (default: the smallest size "
-                                     "reaching --target)"),
-    target: float = typer.Option(0.9, help="faithfulness the circuit should reach"),
-    curves: str = typer.Option("", help="extra ablations for faithfulness curves, e.g. "
-                               "zero,batch_mean"),
-    prepend_bos: bool = typer.Option(True, help="put the tokenizer's BOS token at position 0 "
-                                     "of --clean / --corrupted prompts"),
+    method: str = typer.Option(_D("method"), help=_DH("method")),
+    clean: list[str] | None = typer.Option(_D("clean"), help=_DH("clean")),
+    corrupted: list[str] | None = typer.Option(_D("corrupted"), help=_DH("corrupted")),
+    ablation: str = typer.Option(_D("ablation"), help=_DH("ablation")),
+    positions: str | None = typer.Option(_D("positions"), help=_DH("positions")),
+    n: int = typer.Option(_D("n"), help=_DH("n")),
+    seq_len: int = typer.Option(_D("seq_len"), help=_DH("seq_len")),
+    steps: int = typer.Option(_D("steps"), help=_DH("steps")),
+    ig: str = typer.Option(_D("ig"), help=_DH("ig")),
+    qk_fix: bool = typer.Option(_D("qk_fix"), help=_DH("qk_fix")),
+    convention: str = typer.Option(_D("convention"), help=_DH("convention")),
+    verify: int = typer.Option(_D("verify"), help=_DH("verify")),
+    max_exact: int = typer.Option(_D("max_exact"), help=_DH("max_exact")),
+    select: str = typer.Option(_D("select"), help=_DH("select")),
+    edges: int | None = typer.Option(_D("edges"), help=_DH("edges")),
+    target: float = typer.Option(_D("target"), help=_DH("target")),
+    curves: str = typer.Option(_D("curves"), help=_DH("curves")),
+    prepend_bos: bool = typer.Option(_D("prepend_bos"), help=_DH("prepend_bos")),
     device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
     dtype: str | None = typer.Option(None, help="float32 (default), float16 or bfloat16"),
     seed: int | None = typer.Option(None, help="seed for random:... models"),
-    discovery_seed: int = typer.Option(0, help="seed of the resample ablation and the "
-                                       "random-circuit baselines"),
-    neurons: list[str] | None = typer.Option(None, help="MLP neurons as graph nodes of their "
-                                             "own, e.g. L11:1229,1487 (repeat per layer), "
-                                             "or super (the census's super-neuron sets)"),
-    export: str = typer.Option("", help="also write the circuit as edge lists other tools read: "
-                               "tsv and/or json (comma-separated; edges.tsv, edges.json in "
-                               "--out: auto-circuit and ACDC names, with scores)"),
-    memory_budget: str | None = typer.Option(None, "--memory-budget", help="bytes of "
-                                             "activations to plan for, e.g. 2GiB or 512MiB "
-                                             "(default: a share of the device's free memory)"),
+    discovery_seed: int = typer.Option(_D("discovery_seed"), help=_DH("discovery_seed")),
+    neurons: list[str] | None = typer.Option(_D("neurons"), help=_DH("neurons")),
+    export: str = typer.Option(_D("export"), help=_DH("export")),
+    memory_budget: str | None = typer.Option(_D("memory_budget"), "--memory-budget",
+                                             help=_DH("memory_budget")),
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
     another registered method), pick a circuit and draw its faithfulness curves."""
-    from mechsink.discover import discover as run_discovery
-    from mechsink.discover import save_edge_list
-    from mechsink.discover.graph import parse_neurons
-    from mechsink.discover.pipeline import check_selection
     from mechsink.io import check_writable
     from mechsink.model import load_model
-    from mechsink.model.memory import parse_size
     from mechsink.model.zoo.devices import resolve_dtype
-    from mechsink.patching import parse_metric
-    from mechsink.viz.discover import draw_discovery
 
+    spec = discover_job.Spec(
+        metric=metric, method=method, clean=clean, corrupted=corrupted, ablation=ablation,
+        positions=positions, n=n, seq_len=seq_len, steps=steps, ig=ig, qk_fix=qk_fix,
+        convention=convention, verify=verify, max_exact=max_exact, select=select, edges=edges,
+        target=target, curves=curves, prepend_bos=prepend_bos, discovery_seed=discovery_seed,
+        neurons=neurons, export=export, memory_budget=memory_budget)
     try:  # every check that needs no model, before loading one
-        extra = _check_discover_choices(method, clean, corrupted, ablation, curves, ig, select,
-                                        convention)
-        pos = None if positions in (None, "all") else list(
-            parse_layers(positions, "--positions", "position") or ())
-        if metric.strip() != "logit_diff":
-            parse_metric(metric, None)
-        if steps < 1 or verify < 0 or n < 1 or max_exact < 0:
-            raise MechsinkError("--steps and --n must be positive, --verify and --max-exact "
-                                "non-negative.")
-        _check_no_empty_prompt(clean, corrupted)
-        check_selection(edges, target)  # --edges against the graph's size once it is built
-        neuron_map = parse_neurons(neurons)
-        budget = None if memory_budget is None else parse_size(memory_budget)
+        discover_job.check(spec, [model], option=cli_name)
         _check_device(device)
         resolve_dtype(dtype)
-        check_context(model, seq_len, "--seq-len")
-        formats = _export_formats(export)
         tok = settings.model_tokenizer(model) if clean else None  # no weights needed
-        if tok is not None:
-            _check_same_lengths(tok, {"--clean": clean, "--corrupted": corrupted}, early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
     with _locked(folder):
         try:
-            from mechsink.inputs.prompts import make_prompts
-            from mechsink.model import to_tokens as _to_tokens
-            from mechsink.model.tokens import tokenizer_of
-
             with console.status(f"loading {model}"):
                 bridge = load_model(model, device=device, dtype=dtype, seed=seed)
-            mechsink_model.check_supported(bridge, "discover")
-            if clean and tok is None:  # a tokenizer that came with the weights
-                _check_same_lengths(tokenizer_of(bridge),
-                                    {"--clean": clean, "--corrupted": corrupted})
-            if clean:
-                tokens = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
-            else:
-                tokens = make_prompts(bridge, "natural", "bos", n=n, seq_len=seq_len).tokens
-            corr = (_to_tokens(bridge, corrupted, prepend_bos=prepend_bos) if corrupted
-                    else None)
-            the_metric = parse_metric(metric, bridge, tokens, corr)
             with console.status(f"scoring edges ({method})"):
-                found = run_discovery(bridge, tokens, the_metric, corrupted=corr,
-                                      ablation=None if corr is not None else ablation,
-                                      positions=pos, method=method, steps=steps, ig=ig,
-                                      qk_fix=qk_fix, verify=verify, select=select,
-                                      n_edges=edges, target=target, curve_ablations=extra,
-                                      seed=discovery_seed, neurons=neuron_map,
-                                      convention=convention, memory_budget=budget,
-                                      max_exact=max_exact)
-            found.meta["model"] = model
+                found = discover_job.run(bridge, spec, model_name=model,
+                                         check_lengths=tok is None)
             with _result_set(folder) as staging:  # JSON and figures whole, or not at all
-                found.save(staging)
-                draw_discovery(staging)
-                for suffix in formats:
-                    save_edge_list(found.circuit, staging / f"edges{suffix}")
+                discover_job.write(found, staging, spec)
         except MechsinkError as exc:
             fail(exc)
     console.print(found.summary(), markup=False)
@@ -851,13 +699,13 @@ def streaming(
     """Streaming perplexity (Xiao et al. 2024): the Wikipedia extract read through a window of
     the W recent tokens plus the first s, positions re-assigned within the window; writes
     DIR/streaming.json and DIR/streaming.png."""
-    from mechsink.io import atomic_write_json, check_writable
-    from mechsink.measure.streaming import (
+    from mechsink.interventions.streaming import (
         DEFAULT_SINKS,
         DEFAULT_WINDOWS,
         check_streaming_args,
         streaming_perplexity,
     )
+    from mechsink.io import atomic_write_json, check_writable
     from mechsink.model.zoo import load_model
 
     windows, kept = tuple(window or DEFAULT_WINDOWS), tuple(sinks or DEFAULT_SINKS)
@@ -903,6 +751,55 @@ def streaming(
         console.print(f"clean / circuit removed ({edited['description']})", markup=False)
     elif edited:
         console.print(f"circuit: not applicable ({edited['not_applicable']})", markup=False)
+    console.print(f"wrote {', '.join(str(p) for p in written)}")
+
+
+@app.command("weight-quant")
+def weight_quant(
+    model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m"),
+    out: str = typer.Option(..., "--out", help="folder for weight_quantization.json and "
+                            "weight_quantization.png"),
+    n: int = typer.Option(16, help="natural-text prompts the loss is read on"),
+    seq_len: int = typer.Option(128, help="tokens per prompt"),
+    device: str | None = typer.Option(None, help="cpu, cuda, ... (default: cuda if present)"),
+) -> None:
+    """Weight-only int4 (round to nearest, groups of 128 and per channel) and the super weight
+    (Yu et al. 2024): the next-token loss with the super weights quantized, kept in full
+    precision, zeroed or kept alone, with intervals over prompts."""
+    from mechsink.interventions.weight_quantization import weight_quantization
+    from mechsink.io import atomic_write_json, check_writable
+    from mechsink.model.zoo import load_model
+
+    try:
+        if n < 1 or seq_len < 2:
+            raise MechsinkError("--n must be positive and --seq-len at least 2.")
+        check_context(model, seq_len, "--seq-len")
+        _check_device(device)
+        folder = check_writable(out)
+    except MechsinkError as exc:
+        fail(exc)
+    with _locked(folder):
+        try:
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device)
+            with console.status("weight-only int4 losses"):
+                data = weight_quantization(bridge, n=n, seq_len=seq_len,
+                                           model_name=model).to_dict()
+        except MechsinkError as exc:
+            fail(exc)
+        with _result_set(folder) as staging:
+            from mechsink.viz.weight_quantization import weight_quantization_figure
+
+            written = [atomic_write_json(staging / "weight_quantization.json", data),
+                       weight_quantization_figure({model: data},
+                                                  staging / "weight_quantization.png")]
+            written = _final(staging, folder, written)
+    table = Table(title=f"{model}: next-token loss under weight-only int4")
+    table.add_column("setting")
+    table.add_column("loss")
+    for key, row in data["settings"].items():
+        table.add_row(key, f"{row['loss']:.4g}")
+    console.print(table)
     console.print(f"wrote {', '.join(str(p) for p in written)}")
 
 

@@ -1,11 +1,12 @@
-"""Sweeps: one job (census, timeline point, activation patching, an experiment) over many models,
-checkpoints or prompt pairs, split into shards, run locally or on Ray, merged into one result.
+"""Sweeps: one job of :mod:`mechsink.jobs` (census, timeline point, activation patching, an
+experiment, the atlas, circuit discovery) over many models, checkpoints or prompt pairs, split
+into shards, run locally or on Ray, merged into one result.
 
 A sweep is a TOML spec (see ``docs/tutorials/sweep.md``)::
 
     models = ["random:gpt2-tiny", {name = "random:gpt2-mini", seed = 1}, "organism:bb-gpt2-tiny"]
     training_runs = ["runs/a"]     # every checkpoint (step-N) of each training run folder
-    jobs = ["census"]              # census | timeline | patch | experiment | atlas
+    jobs = ["census"]              # census | timeline | patch | experiment | atlas | discover
     threads = 1                    # torch threads per shard (fixed, so results are bit-equal)
 
     [census]
@@ -28,9 +29,8 @@ each model once there); a worker that finds a zoo model missing fails that shard
 
 from __future__ import annotations
 
-import csv
+import copy
 import hashlib
-import io
 import json
 import os
 import re
@@ -45,35 +45,24 @@ from typing import Any
 from mechsink.errors import BadInputError, MechsinkError, MissingDependencyError
 from mechsink.io import (
     atomic_write_json,
-    atomic_write_text,
     full_disk_is_one_line,
     json_text,
     result_set,
 )
+from mechsink.jobs import JOBS
+from mechsink.jobs import job as jobs_module
+from mechsink.jobs.atlas import RUNS as ATLAS_RUNS
+from mechsink.jobs.files import MERGED_SCHEMA  # noqa: F401 (the merged files' schema)
+from mechsink.jobs.spec import SettingError, from_settings, required
 
 SUMMARY_SCHEMA = "mechsink-sweep-summary/1"
-MERGED_SCHEMA = "mechsink-sweep/1"
-JOBS = ("census", "timeline", "patch", "experiment", "atlas")
-ATLAS_RUNS = "atlas-runs"  # the atlas job's run folders, beside its merged table (OUT/atlas)
 TOP_KEYS = {"models": list, "training_runs": list, "jobs": list, "device": str, "threads": int}
 
-# Per job: setting -> (accepted types, default). None as default: required.
-_NUM = (int, float)
-SETTINGS: dict[str, dict[str, tuple[tuple[type, ...], Any]]] = {
-    "census": {"suites": ((list,), ["natural", "random", "repeated"]),
-               "variants": ((list,), ["bos"]), "n": ((int,), 8), "seq_len": ((int,), 64),
-               "seed": ((int,), 0), "eps": (_NUM, 0.3), "batch_size": ((int,), 8)},
-    "timeline": {"suite": ((str,), "natural"), "variant": ((str,), "nobos"), "n": ((int,), 8),
-                 "seq_len": ((int,), 64), "seed": ((int,), 0), "eps": (_NUM, 0.3)},
-    "patch": {"pairs": ((str,), None), "site": ((str,), "resid_pre"),
-              "metric": ((str,), "logit_diff"), "layers": ((list,), None),
-              "direction": ((str,), "denoise"), "normalize": ((bool,), False),
-              "prepend_bos": ((bool,), True), "pairs_per_shard": ((int,), 8)},
-    "experiment": {"name": ((str,), None), "settings": ((dict,), {})},
-    "atlas": {"n": ((int,), 8), "seq_len": ((int,), 32), "seed": ((int,), 0),
-              "eps": (_NUM, 0.3), "batch_size": ((int,), 8)},
-}
-_OPTIONAL = {("patch", "layers")}
+
+def _table(job: str) -> dict[str, tuple[tuple[type, ...], Any]]:
+    """The settings job ``job``'s table takes: name -> (accepted types, default), read off
+    the job's spec (:mod:`mechsink.jobs`)."""
+    return jobs_module(job).TABLE
 
 
 # --- the spec ----------------------------------------------------------------------------------
@@ -221,7 +210,7 @@ def load_spec(path: str | Path) -> Spec:
         if given and job not in jobs:
             raise BadInputError(f"{_where(spec, text, job, next(iter(given)))}: settings for "
                                 f"job {job!r}, which jobs = [...] does not list.")
-        known = SETTINGS[job]
+        known = _table(job)
         out = {}
         for key, value in given.items():
             if key not in known:
@@ -232,11 +221,12 @@ def load_spec(path: str | Path) -> Spec:
                 raise BadInputError(f"{_where(spec, text, job, key)}: [{job}] {key} must be "
                                     f"{' or '.join(t.__name__ for t in types)}, got {value!r}.")
             out[key] = value
+        needed = required(jobs_module(job).Spec)
         for key, (_, default) in known.items():
             if key not in out:
-                if default is None and (job, key) not in _OPTIONAL and job in jobs:
+                if key in needed and job in jobs:
                     raise BadInputError(f"{_where(spec, text, job)}: [{job}] needs {key} = ...")
-                out[key] = default
+                out[key] = copy.deepcopy(default)
         settings[job] = out
     pairs: tuple[tuple[str, str], ...] = ()
     if "patch" in jobs:
@@ -245,10 +235,12 @@ def load_spec(path: str | Path) -> Spec:
             raise BadInputError(f"{_where(spec, text, 'patch', 'pairs_per_shard')}: "
                                 "pairs_per_shard must be positive.")
     if "experiment" in jobs:
-        _check_experiment(spec, text, settings["experiment"], base)
+        from mechsink.jobs import experiment
+
+        _at_line(spec, text, experiment.prepare, settings["experiment"], base)
     models = _models(spec, text, raw, base)
     _check_values(spec, text, jobs, settings, pairs, models, raw.get("device", "cpu"))
-    if not models and not ("experiment" in jobs and _experiment_without_model(settings)):
+    if not models and not ("experiment" in jobs and not _takes_model(settings["experiment"])):
         raise BadInputError(f"{_where(spec, text, None, 'models')}: no models: give models = "
                             "[...] or training_runs = [...].")
     threads = raw.get("threads", 1)
@@ -333,120 +325,51 @@ def _read_pairs(spec: Path, text: str, path: Path) -> tuple[tuple[str, str], ...
     return tuple(pairs)
 
 
+def _at_line(spec: Path, text: str, check: Callable[..., Any], *args: Any,
+             job: str | None = None) -> Any:
+    """Run a job's ``check``; a :class:`~mechsink.jobs.spec.SettingError` becomes one line
+    naming the spec's line of the setting it is about."""
+    try:
+        return check(*args)
+    except SettingError as exc:
+        table = job if exc.table == "" else exc.table
+        where = _where(spec, text, table, exc.key)
+        text_of = str(exc) if exc.bare else f"[{table or 'spec'}] {exc}"
+        raise BadInputError(f"{where}: {text_of}") from None
+
+
+#: the order the jobs' values are checked in (the first bad one is reported)
+_CHECK_ORDER = ("census", "timeline", "patch", "atlas", "experiment", "discover")
+
+
 def _check_values(spec: Path, text: str, jobs: Sequence[str], settings: dict[str, dict[str, Any]],
                   pairs: Sequence[tuple[str, str]], models: Sequence[ModelRef],
                   device: str) -> None:
-    """Every value through :mod:`mechsink.settings` (the checks and messages the CLI and the
-    experiments use), before any model loads; a bad one names the spec's line."""
+    """Every value through its job's ``check`` (the checks and messages the CLI uses), against
+    each model's config and tokenizer, before any model loads; a bad one names the spec's
+    line."""
     from mechsink import settings as checks
-    from mechsink.inputs.corpus import check_corpus_size
+    from mechsink.jobs.spec import at
 
-    def check(table: str | None, key: str | None, fn: Callable[..., None], *args: Any,
-              **kwargs: Any) -> None:
-        try:
-            fn(*args, **kwargs)
-        except MechsinkError as exc:
-            raise BadInputError(f"{_where(spec, text, table, key)}: [{table or 'spec'}] {exc}"
-                                ) from None
-
-    check(None, "device", checks.check_device, device)
+    _at_line(spec, text, at, "device", checks.check_device, device, job=None)
     loads = sorted({m.load for m in models})
-    if "census" in jobs:
-        c = settings["census"]
-        check("census", "suites", checks.check_suites, c["suites"], c["variants"], 1, 2)
-        check("census", "n", checks.check_n, c["n"], "n")
-        check("census", "seq_len", checks.check_suites, c["suites"], c["variants"], 1,
-              c["seq_len"])
-        check("census", "eps", checks.check_eps, c["eps"], "eps")
-        check("census", "batch_size", checks.check_batch_size, c["batch_size"], "batch_size")
-        for load in loads:
-            check("census", "seq_len", checks.check_context, load, c["seq_len"], "seq_len")
-            if "natural" in c["suites"] and checks.reads_the_corpus(load):
-                check("census", "n", check_corpus_size, c["n"], "n")
-    if "timeline" in jobs:
-        t = settings["timeline"]
-        check("timeline", "suite", checks.check_suites, [t["suite"]], [t["variant"]], 1, 2)
-        check("timeline", "n", checks.check_n, t["n"], "n")
-        check("timeline", "seq_len", checks.check_suites, [t["suite"]], [t["variant"]], 1,
-              t["seq_len"])
-        check("timeline", "eps", checks.check_eps, t["eps"], "eps")
-        for load in loads:
-            check("timeline", "seq_len", checks.check_context, load, t["seq_len"], "seq_len")
-            if t["suite"] == "natural" and checks.reads_the_corpus(load):
-                check("timeline", "n", check_corpus_size, t["n"], "n")
-    if "patch" in jobs:
-        p = settings["patch"]
-        check("patch", "layers", checks.check_layers, p["layers"])
-        check("patch", "site", checks.check_site, p["site"], p["layers"])
-        check("patch", "metric", checks.check_metric, p["metric"])
-        check("patch", "direction", checks.check_direction, p["direction"], "direction")
-        check("patch", "pairs", checks.check_pairs, pairs)
-        # against each model's config and tokenizer (no weights load): what every shard of
-        # that model would otherwise find out at run time
-        for load in loads:
-            check("patch", "layers", checks.check_layers, p["layers"], load)
-            check("patch", "metric", checks.check_metric, p["metric"], load)
-            check("patch", "pairs", checks.check_pair_lengths, load, pairs,
-                  f"prompt-pair file {p['pairs']}")
-    if "atlas" in jobs:
-        a = settings["atlas"]
-        from mechsink.experiments import atlas
-
-        check("atlas", "n", atlas.check_sizes, a["n"], 8)
-        check("atlas", "seq_len", atlas.check_sizes, 2, a["seq_len"])
-        check("atlas", "eps", checks.check_eps, a["eps"], "eps")
-        check("atlas", "batch_size", checks.check_batch_size, a["batch_size"], "batch_size")
-        check(None, "models", atlas.check_models, loads)
-        if any(m.seed is not None or m.meta for m in models):
+    for job in _CHECK_ORDER:
+        if job not in jobs:
+            continue
+        module = jobs_module(job)
+        given = from_settings(module.Spec, settings[job])
+        extra = (pairs,) if job == "patch" else ()
+        _at_line(spec, text, module.check, given, loads, *extra, job=job)
+        if job == "atlas" and any(m.seed is not None or m.meta for m in models):
             raise BadInputError(f"{_where(spec, text, None, 'models')}: the atlas job takes "
                                 "model names only (no seed = ..., no training_runs): its "
                                 "random-init twins and prompts follow [atlas] seed.")
-    if "experiment" in jobs:
-        e = settings["experiment"]
-        for load in loads or [None]:
-            try:
-                checks.check_experiment_settings(e["name"], e["settings"], model=load)
-            except MechsinkError as exc:  # at the line of the setting it names, if given
-                named = re.search(r"--([a-z][a-z-]*)", str(exc))
-                key = named.group(1).replace("-", "_") if named else None
-                given = key if key in e["settings"] else next(iter(e["settings"]), None)
-                raise BadInputError(f"{_where(spec, text, 'experiment.settings', given)}: "
-                                    f"[experiment.settings] {exc}") from None
 
 
-def _check_experiment(spec: Path, text: str, settings: dict[str, Any], base: Path) -> None:
-    """The experiment exists, can run as a job (it needs no work folder of its own) and knows
-    every setting given; a ``run_dir`` is taken relative to the spec's folder."""
-    from mechsink.experiments import get_experiment
+def _takes_model(table: dict[str, Any]) -> bool:
+    from mechsink.jobs import experiment
 
-    try:
-        experiment = get_experiment(settings["name"])
-    except MechsinkError as exc:
-        raise BadInputError(f"{_where(spec, text, 'experiment', 'name')}: {exc}") from None
-    known = experiment.settings()
-    if "work_dir" in known:  # it writes runs of its own, under a folder a job does not give
-        other = ("the atlas job (jobs = [\"atlas\"])" if experiment.name == "atlas" else
-                 f"`mechsink circuit {experiment.name} --out DIR`")
-        raise BadInputError(
-            f"{_where(spec, text, 'experiment', 'name')}: experiment {experiment.name} writes "
-            "its own runs into a work folder, which an experiment job does not give it: run it "
-            f"with {other}; the experiment job runs the experiments that take a model, and "
-            "sink_timeline.")
-    run_dir = settings["settings"].get("run_dir")
-    if isinstance(run_dir, str) and not Path(run_dir).is_absolute():
-        settings["settings"]["run_dir"] = str(base / run_dir)
-    for key in settings["settings"]:
-        if key not in known or key in ("model_name", "work_dir"):
-            raise BadInputError(
-                f"{_where(spec, text, 'experiment.settings', key)}: experiment {experiment.name} "
-                f"has no setting {key!r}: its settings are "
-                f"{', '.join(k for k in known if k not in ('model_name', 'work_dir'))}.")
-
-
-def _experiment_without_model(settings: dict[str, dict[str, Any]]) -> bool:
-    from mechsink.experiments import get_experiment
-
-    return not get_experiment(settings["experiment"]["name"]).needs_model
+    return experiment.takes_model(table)
 
 
 # --- shards ------------------------------------------------------------------------------------
@@ -461,23 +384,19 @@ def make_shards(spec: Spec) -> list[dict[str, Any]]:
     workers): ``id`` (stable for the same spec), ``job``, ``model``, ``settings``."""
     shards = []
     for job in spec.jobs:
+        module = jobs_module(job)
         settings = spec.settings[job]
         models: Sequence[ModelRef | None] = spec.models
-        if job == "experiment" and _experiment_without_model(spec.settings):
+        if not getattr(module, "takes_model", lambda table: True)(settings):
             models = [None]
+        split = getattr(module, "shard_parts", None)  # a job that splits a model's work
+        parts = [("", dict(settings))] if split is None else split(settings, spec.pairs)
         for model in models:
-            parts: list[dict[str, Any]] = [dict(settings)]
-            if job == "patch":
-                size = settings["pairs_per_shard"]
-                parts = [dict(settings, first=i, pair_list=[list(p) for p in
-                                                            spec.pairs[i:i + size]])
-                         for i in range(0, len(spec.pairs), size)]
-            for part in parts:
+            for suffix, part in parts:
                 shard = {"job": job, "model": None if model is None else model.to_dict(),
                          "settings": part, "device": spec.device, "threads": spec.threads}
                 digest = hashlib.sha256(json.dumps(shard, sort_keys=True).encode()).hexdigest()
                 name = "none" if model is None else _slug(model.label)
-                suffix = f"-pairs{part['first']:05d}" if job == "patch" else ""
                 shard["id"] = f"{job}--{name}{suffix}--{digest[:10]}"
                 shards.append(shard)
     return shards
@@ -544,81 +463,19 @@ class ShardWorker:
             torch.set_num_threads(threads)
 
 
-def _run_census(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.measure.census import census
+def _runner(job: str) -> Callable[[ShardWorker, dict[str, Any]], dict[str, Any]]:
+    """Job ``job``'s shard runner: its ``run_shard``, handed the worker's model of the shard
+    (loaded on first use, kept for the next shard of the same model)."""
 
-    s = shard["settings"]
-    model = worker.model(shard["model"], shard["device"])
-    c = census(model, s["suites"], s["variants"], n=s["n"], seq_len=s["seq_len"], eps=s["eps"],
-               seed=s["seed"], batch_size=s["batch_size"], model_name=shard["model"]["label"])
-    return c.to_dict()
+    def run(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
+        return jobs_module(job).run_shard(
+            lambda: worker.model(shard["model"], shard["device"]), shard)
 
-
-def _run_timeline(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.inputs.prompts import make_prompts
-    from mechsink.measure.timeline import measure_checkpoint
-
-    s = shard["settings"]
-    model = worker.model(shard["model"], shard["device"])
-    tokens = make_prompts(model, s["suite"], s["variant"], n=s["n"], seq_len=s["seq_len"],
-                          seed=s["seed"]).tokens
-    return measure_checkpoint(model, tokens, s["eps"])
-
-
-def _run_patch(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.model import to_tokens
-    from mechsink.patching import activation_patch, parse_metric, parse_site
-
-    s = shard["settings"]
-    model = worker.model(shard["model"], shard["device"])
-    results = []
-    for clean, corrupted in s["pair_list"]:
-        c = to_tokens(model, clean, prepend_bos=s["prepend_bos"])
-        x = to_tokens(model, corrupted, prepend_bos=s["prepend_bos"])
-        layers = None if s["layers"] is None else tuple(s["layers"])
-        site = parse_site(s["site"], layers=layers)
-        metric = parse_metric(s["metric"], model, c, x)
-        r = activation_patch(model, c, x, site, metric, direction=s["direction"],
-                             normalize=s["normalize"], prepend_bos=s["prepend_bos"])
-        results.append(r.to_dict())
-    return {"first": s["first"], "pairs": results}
-
-
-def _run_experiment(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    from mechsink.experiments import get_experiment
-
-    s = shard["settings"]
-    experiment = get_experiment(s["name"])
-    if shard["model"] is None:
-        return experiment.run(**s["settings"]).data
-    model = worker.model(shard["model"], shard["device"])
-    return experiment.run(model, model_name=shard["model"]["label"], **s["settings"]).data
-
-
-def _run_atlas(worker: ShardWorker, shard: dict[str, Any]) -> dict[str, Any]:
-    """One model's column of the atlas; its run folders go to the shard's ``work_dir``."""
-    from mechsink.experiments.atlas import model_row
-
-    return model_row(_atlas_name(shard["model"]), Path(shard["work_dir"]), shard["settings"])
-
-
-def _atlas_name(ref: dict[str, Any]) -> str:
-    """The model's name in the atlas: as the spec writes it for a zoo name or a bundled
-    organism (so a direct ``atlas.run`` of that name shares its runs), else the resolved path."""
-    from mechsink.model.zoo import organism_folder
-
-    prefix, _, rest = ref["label"].partition(":")
-    if ref["label"] == ref["load"] or (
-            prefix == "organism" and f"organism:{organism_folder(rest).resolve()}" == ref["load"]
-            and not Path(rest).exists()):
-        return ref["label"]
-    return ref["load"]
+    return run
 
 
 _JOB_RUNNERS: dict[str, Callable[[ShardWorker, dict[str, Any]], dict[str, Any]]] = {
-    "census": _run_census, "timeline": _run_timeline, "patch": _run_patch,
-    "experiment": _run_experiment, "atlas": _run_atlas,
-}
+    job: _runner(job) for job in JOBS}
 
 
 # --- running -----------------------------------------------------------------------------------
@@ -817,23 +674,11 @@ def run_sweep(spec_path: str | Path, out: str | Path, *, ray: bool = False,
 # --- merging -----------------------------------------------------------------------------------
 
 
-def _json(data: Any) -> str:
-    return json_text(data, indent=1, sort_keys=True)
-
-
-def _csv(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
-
 def merge(spec: Spec, shards: list[dict[str, Any]], out: Path) -> list[str]:
     """Merge the finished shards into ``out/<job>/``, each folder one result set
-    (:func:`mechsink.io.result_set`: whole or the previous one); returns the files written.
-    Everything written depends on the spec and the shard results only (no timings), in spec
-    order."""
+    (:func:`mechsink.io.result_set`: whole or the previous one), by each job's ``merge``;
+    returns the files written. Everything written depends on the spec and the shard results
+    only (no timings), in spec order."""
     written: list[str] = []
     for job in spec.jobs:
         mine = [s for s in shards if s["job"] == job]
@@ -841,109 +686,6 @@ def merge(spec: Spec, shards: list[dict[str, Any]], out: Path) -> list[str]:
         missing = sorted({s["model"]["label"] if s["model"] else s["id"] for s in mine
                           if _read_shard(out, s) is None})
         with result_set(out / job, command=f"mechsink sweep {spec.path}") as staging:
-            files = _MERGERS[job](spec, done, missing, staging)
+            files = jobs_module(job).merge(spec.settings[job], done, missing, staging)
             written += [f"{job}/{p.relative_to(staging)}" for p in files]
     return written
-
-
-def _merge_census(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    from mechsink.measure.census import summary_rows
-
-    models = [{"model": s["model"]["label"], "census": r} for s, r in done]
-    rows = []
-    for entry in models:
-        arch = entry["census"]["architecture"]
-        for row in summary_rows(entry["census"]):
-            rows.append({"model": entry["model"], "run": row["run"],
-                         "sink_rate": row["sink_rate"],
-                         "sink_rate_no_self": row["sink_rate_no_self"],
-                         "massive": row["massive"]["count"],
-                         "massive_at_position_0": row["massive"]["at_position_0"],
-                         "massive_channels": " ".join(map(str, row["massive"]["channels"])),
-                         "super_neurons": len(row["super_neurons"]),
-                         "n_layers": arch.get("n_layers"), "n_heads": arch.get("n_heads")})
-    data = {"schema": MERGED_SCHEMA, "job": "census", "settings": spec.settings["census"],
-            "missing": missing, "table": rows, "models": models}
-    paths = [atomic_write_text(folder / "census.json", _json(data)),
-             atomic_write_text(folder / "census.csv", _csv(rows, list(SWEEP_CENSUS_COLUMNS)))]
-    if rows:
-        from mechsink.viz.sweep import sink_rate_figure
-
-        paths.append(sink_rate_figure(rows, folder / "sink_rate.png"))
-    return paths
-
-
-SWEEP_CENSUS_COLUMNS = ("model", "run", "sink_rate", "sink_rate_no_self", "massive",
-                        "massive_at_position_0", "massive_channels", "super_neurons",
-                        "n_layers", "n_heads")
-
-
-def _merge_timeline(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    columns = ["model", "step", "loss", "sink_rate", "sink_rate_no_self", "max_sink_score",
-               "first_token_norm_ratio", "max_abs_resid"]
-    rows = [{"model": s["model"]["label"], "step": s["model"]["meta"].get("step"),
-             "loss": s["model"]["meta"].get("loss"), **r} for s, r in done]
-    data = {"schema": MERGED_SCHEMA, "job": "timeline", "settings": spec.settings["timeline"],
-            "missing": missing, "points": rows}
-    return [atomic_write_text(folder / "timeline.json", _json(data)),
-            atomic_write_text(folder / "timeline.csv", _csv(rows, columns))]
-
-
-def _merge_patch(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    import torch
-
-    per_model: dict[str, list[dict[str, Any]]] = {}
-    for s, r in done:
-        pairs = per_model.setdefault(s["model"]["label"], [])
-        for k, result in enumerate(r["pairs"]):
-            clean, corrupted = s["settings"]["pair_list"][k]
-            pairs.append({"index": r["first"] + k, "clean": clean, "corrupted": corrupted,
-                          "result": result})
-    models = []
-    for label, pairs in per_model.items():
-        pairs.sort(key=lambda p: p["index"])
-        shapes = {json.dumps(torch.tensor(p["result"]["values"]).shape) for p in pairs}
-        mean = None
-        if len(shapes) == 1:
-            mean = torch.tensor([p["result"]["values"] for p in pairs],
-                                dtype=torch.float64).mean(0).tolist()
-        models.append({"model": label, "n_pairs": len(pairs), "mean_values": mean,
-                       "pairs": pairs})
-    data = {"schema": MERGED_SCHEMA, "job": "patch",
-            "settings": {k: v for k, v in spec.settings["patch"].items()},
-            "missing": missing, "models": models}
-    return [atomic_write_text(folder / "patch.json", _json(data))]
-
-
-def _merge_experiment(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    from mechsink.experiments import ExperimentResult
-
-    name = spec.settings["experiment"]["name"]
-    paths = []
-    index = []
-    for s, r in done:
-        # keyed by the shard's digest (its id): models whose labels slug alike never share one
-        sub = s["id"].removeprefix("experiment--") if s["model"] else name
-        ExperimentResult(name, r).save(folder / sub)
-        index.append({"model": s["model"]["label"] if s["model"] else None, "folder": sub})
-        paths.append(folder / sub)
-    data = {"schema": MERGED_SCHEMA, "job": "experiment", "experiment": name,
-            "settings": spec.settings["experiment"]["settings"], "missing": missing,
-            "results": index}
-    paths.append(atomic_write_text(folder / "experiments.json", _json(data)))
-    return paths
-
-
-def _merge_atlas(spec: Spec, done: list, missing: list[str], folder: Path) -> list[Path]:
-    """The atlas table of the finished models (spec order), its links into ``OUT/atlas-runs``."""
-    from mechsink.experiments.atlas import RESULT_FILE, assemble, html_page, summary
-
-    data = assemble([r for _, r in done], spec.settings["atlas"], runs=f"../{ATLAS_RUNS}")
-    data["missing"] = missing
-    return [atomic_write_text(folder / RESULT_FILE, _json({"experiment": "atlas", **data})),
-            atomic_write_text(folder / "summary.md", summary(data)),
-            atomic_write_text(folder / "atlas.html", html_page(data))]
-
-
-_MERGERS = {"census": _merge_census, "timeline": _merge_timeline, "patch": _merge_patch,
-            "experiment": _merge_experiment, "atlas": _merge_atlas}

@@ -2,7 +2,7 @@
 whose ``summary()`` and ``figure()`` are drawn from its JSON-able data, never from a model.
 
 The scripts in ``circuits/`` are methods sections over :func:`mechsink.experiments.script.main`,
-which takes their options and defaults from ``run()``'s signature; ``mechsink circuit NAME``, the
+which takes their options and defaults from ``run()``'s signature; ``mechsink experiment NAME``, the
 docs build and the tests call the experiments directly.
 
 =====================  ================================================================

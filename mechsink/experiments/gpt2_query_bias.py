@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.edits import (
@@ -36,7 +37,6 @@ from mechsink.measure.query_bias import delta_attribution, residual_components
 from mechsink.measure.sinks import HOOKS as SINK_HOOKS
 from mechsink.measure.sinks import sink_scores
 from mechsink.model import act_name, key_bias, key_weights, norm_params, query_bias
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import task_of
 
 FIGURE = "ablations.png"

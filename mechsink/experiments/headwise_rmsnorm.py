@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import HWRMS_SUFFIX, get_recipe, train
 
 FIGURE = "twins.png"

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.interventions.stats import bootstrap_interval
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.settings import check_experiment_settings
 from mechsink.training.seedprint import (
     contraction_direction,
     contraction_stats,

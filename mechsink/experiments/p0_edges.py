@@ -50,11 +50,11 @@ from mechsink.discover.pipeline import NON_FINITE
 from mechsink.discover.scores import strict_json
 from mechsink.discover.super_nodes import super_neuron_nodes
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions.readout import dominant_super_neuron
 from mechsink.patching import MassiveValue
-from mechsink.settings import check_experiment_settings
 
 FIGURE = "p0_edges.png"
 SCHEMA = "mechsink-p0-edges/1"

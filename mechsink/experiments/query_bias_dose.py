@@ -19,6 +19,7 @@ from typing import Any
 
 from mechsink.errors import BadInputError
 from mechsink.experiments.gpt2_query_bias import head_scores, inputs
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.interventions.bias_targets import (
     key_structure_set,
@@ -36,7 +37,6 @@ from mechsink.interventions.stats import (
 )
 from mechsink.interventions.targets import Target
 from mechsink.model import query_bias
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import task_of
 
 FIGURE = "dose_response.png"

@@ -74,8 +74,8 @@ def main(name: str, description: str, argv: Sequence[str] | None = None) -> Expe
     args = vars(parser_for(experiment, title).parse_args(argv))
     out = args.pop("out")
     if experiment.needs_model:
+        from mechsink.experiments.options import check_experiment_settings
         from mechsink.model import load_model
-        from mechsink.settings import check_experiment_settings
 
         model_name = args.pop("model")
         settings = {k: v for k, v in args.items() if k not in ("device", "seed")}

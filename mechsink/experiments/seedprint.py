@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.model import load_model
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import Recipe, train
 from mechsink.training.seedprint import (
     INIT_SCHEMES,

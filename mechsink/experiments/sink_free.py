@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.io import atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline
 from mechsink.model.variants import ATTENTION_VARIANTS
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import get_recipe, train
 
 FIGURE = "sink_free.png"

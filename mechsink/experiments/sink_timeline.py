@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.timeline import sink_timeline, timeline_dict
-from mechsink.settings import check_experiment_settings
 from mechsink.training.loop import get_recipe
 
 FIGURE = "timeline.png"

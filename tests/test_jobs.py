@@ -1,0 +1,133 @@
+"""Jobs as specs: each option's default exists once (the command line's options and the
+sweep's tables read it off the job's spec), and discover runs as a sweep job with the result
+``mechsink discover`` gives."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from mechsink.app import cli
+from mechsink.app.sweep import load_spec, run_sweep
+from mechsink.errors import BadInputError
+from mechsink.jobs import JOBS, census, discover, job, patch
+
+
+def _cli_defaults(command) -> dict:
+    return {k: getattr(p.default, "default", p.default)
+            for k, p in inspect.signature(command).parameters.items()}
+
+
+@pytest.mark.parametrize("command, spec, renamed", [
+    (cli.scan, census.Spec, {"suites": None, "variants": None}),
+    (cli.patch, patch.Spec, {"layers": None, "positions": None, "pairs": None,
+                             "pairs_per_shard": None}),
+    (cli.discover, discover.Spec, {"metric": None}),
+])
+def test_the_command_line_takes_its_defaults_from_the_spec(command, spec, renamed) -> None:
+    """Every option of the job the command has, with the spec's default (those it spells
+    otherwise, such as --layers 0,2 as text, or a required --metric, aside)."""
+    given = _cli_defaults(command)
+    checked = 0
+    for f in dataclasses.fields(spec):
+        if f.name in renamed:
+            continue
+        assert f.name in given, f.name
+        assert given[f.name] == f.default, f.name
+        checked += 1
+    assert checked >= 5
+
+
+def test_the_census_vocabulary_is_the_prompts_own() -> None:
+    from mechsink.inputs.prompts import SUITES, VARIANTS
+
+    assert census.SUITES == tuple(SUITES) and census.VARIANTS == tuple(VARIANTS)
+    assert _cli_defaults(cli.scan)["n"] == 32  # the documented `mechsink scan` default
+
+
+def test_the_sweep_tables_are_the_specs() -> None:
+    """A sweep table takes the spec's options (those of the command line alone left out),
+    with the spec's defaults, except where a sweep states its own (census: n 8, BOS only)."""
+    assert census.TABLE["n"][1] == 8 and census.TABLE["variants"][1] == ["bos"]
+    assert "validate_sets" not in census.TABLE
+    assert census.TABLE["seq_len"][1] == census.Spec().seq_len == 64
+    for name in JOBS:
+        module = job(name)
+        fields = {f.name: f for f in dataclasses.fields(module.Spec)}
+        for key, (_types, value) in module.TABLE.items():
+            assert fields[key].metadata["sweep"], (name, key)
+            if not (name == "census" and key in census.SWEEP_DEFAULTS):
+                plain = fields[key].default
+                plain = list(plain) if isinstance(plain, tuple) else plain
+                if fields[key].default is dataclasses.MISSING:
+                    plain = {}
+                assert value == plain, (name, key)
+    assert "memory_budget" not in patch.TABLE and "pairs" in patch.TABLE
+
+
+def test_settings_imports_no_experiment() -> None:
+    """The validators sit below the experiments: ``mechsink.settings`` imports none of them."""
+    source = Path(cli.__file__).parents[1] / "settings.py"
+    names = set()
+    for node in ast.walk(ast.parse(source.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+    assert not any(n.startswith("mechsink.experiments") for n in names), names
+
+
+@pytest.mark.parametrize("body, line, words", [
+    ('metric = "sink_score:1"\nmethod = "nope"\n', 5, "--method must be one of"),
+    ('metric = "sink_score:99"\n', 4, "layer 99 is out of range .random:gpt2-tiny"),
+    ('metric = "sink_score:1"\nclean = ["The cat"]\ncorrupted = ["The dog", "A cat"]\n', 6,
+     "one --corrupted prompt per --clean"),
+    ('method = "eap"\n', 1, "needs metric"),
+])
+def test_a_bad_discover_table_names_its_line_before_any_model_loads(tmp_path, monkeypatch, body,
+                                                                     line, words) -> None:
+    from mechsink.model import zoo
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the spec was checked")
+
+    monkeypatch.setattr(zoo, "load_model", refuse)
+    (tmp_path / "spec.toml").write_text('models = ["random:gpt2-tiny"]\njobs = ["discover"]\n'
+                                        "[discover]\n" + body)
+    with pytest.raises(BadInputError, match=f"line {line}:.*{words}"):
+        load_spec(tmp_path / "spec.toml")
+
+
+def test_discover_as_a_sweep_job_gives_what_the_command_gives(tmp_path) -> None:
+    """The sweep's discover folder holds what ``mechsink discover --out`` writes with the same
+    options: the same scores (every edge, bit for bit), circuit and edge list, and the same
+    discover.json data."""
+    options = {"metric": "sink_score:1", "method": "eap", "n": 2, "seq_len": 8, "verify": 2,
+               "export": "tsv"}
+    (tmp_path / "spec.toml").write_text(
+        'models = ["random:gpt2-tiny"]\njobs = ["discover"]\n[discover]\n'
+        + "".join(f"{k} = {json.dumps(v)}\n" for k, v in options.items()))
+    summary = run_sweep(tmp_path / "spec.toml", tmp_path / "sweep")
+    assert summary["ran"] == 1 and summary["failed"] == 0
+    index = json.loads((tmp_path / "sweep" / "discover" / "discoveries.json").read_text())
+    (entry,) = index["results"]
+    assert entry["model"] == "random:gpt2-tiny"
+    swept = tmp_path / "sweep" / "discover" / entry["folder"]
+    args = ["discover", "random:gpt2-tiny", "--out", str(tmp_path / "cli")]
+    for k, v in options.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 0, result.output
+    for name in ("scores.safetensors", "circuit.json", "edges.tsv"):
+        assert (swept / name).read_bytes() == (tmp_path / "cli" / name).read_bytes(), name
+    ours = json.loads((swept / "discover.json").read_text())
+    theirs = json.loads((tmp_path / "cli" / "discover.json").read_text())
+    assert ours == theirs
+    assert entry["edges"] == len(theirs["circuit"]["edges"])
+    assert (swept / "circuit.png").is_file()
