@@ -17,7 +17,7 @@ from mechsink.errors import BadInputError
 from mechsink.interventions import chain
 from mechsink.interventions.edits import applied
 from mechsink.measure import super_neuron_sets
-from mechsink.measure._cache import hook_names
+from mechsink.measure.cache import hook_names
 from mechsink.model import act_name, down_projection, wrap_hf
 
 D, HD, N_POS = 16, 8, 16
