@@ -1,5 +1,5 @@
 """The experiments registry: settings parsed from the command line by run()'s signature, results
-that save and load without a model, and `mechsink circuit` refusing bad input before the work."""
+that save and load without a model, and `mechsink experiment` refusing bad input before the work."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None
     from mechsink.experiments.script import parser_for, setting_help
 
     scripts = sorted((Path(__file__).resolve().parents[1] / "circuits").glob("*.py"))
-    assert len(scripts) == 10  # every experiment but p0_edges (run by `mechsink circuit`)
+    assert len(scripts) == 10  # every experiment but p0_edges (run by `mechsink experiment`)
     for path in scripts:
         experiment = get_experiment(path.stem)
         assert f'main("{path.stem}", __doc__)' in path.read_text()
@@ -112,7 +112,7 @@ def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None
     assert p0.doses == [0.0, 0.5, 1.0] and p0.layers == 3
 
 
-# --- `mechsink circuit`: settings listed, given without a model, checked first (#29 11, 13) --
+# --- `mechsink experiment`: settings listed, given without a model, checked first (#29 11, 13) --
 
 
 @pytest.fixture()
@@ -176,3 +176,11 @@ def test_circuit_settings_are_checked_before_any_model_loads(tmp_path, no_load, 
     for needle in needles:
         assert needle in text, text
     assert not out.exists()  # nothing written, no folder made
+
+
+def test_the_experiment_command_is_listed_and_circuit_still_runs_it() -> None:
+    names = {c.name or c.callback.__name__ for c in app.registered_commands if not c.hidden}
+    assert "experiment" in names and "circuit" not in names
+    old = CliRunner().invoke(app, ["circuit", "sink_timeline", "--help"]).output
+    assert old == CliRunner().invoke(app, ["experiment", "sink_timeline", "--help"]).output
+    assert "mechsink experiment sink_timeline --out DIR" in old

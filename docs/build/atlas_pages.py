@@ -69,18 +69,33 @@ def _criterion(cells: list[Mapping[str, Any]]) -> str:
 #: a verdict's colour class on the home page's grid (docs/assets/css/mechsink.css)
 VERDICT_CLASS = {"supported": "v-yes", "partial": "v-partial", "not supported": "v-no",
                  "not applicable": "v-na"}
-GRID_NUMBER = 64  # the key number shown in a grid cell, at most this long (its interval kept)
+GRID_NUMBER = 34  # a grid cell's number is at most about this long (its interval kept)
+ARROW = re.compile(rf"({NUM}(?: \[{NUM}, {NUM}\](?: n=\d+)?)?)\s*(?:[a-z]+\s*)?->\s*({NUM})")
 
 
 def grid_number(evidence: str) -> str:
-    """The grid's short form of a cell's key number: :func:`key_figure`, cut after its first
-    interval (or at :data:`GRID_NUMBER` characters) so a column stays narrow."""
-    text = key_figure(evidence)
+    """The grid's short form of a cell's key number (:func:`key_figure`): asides in parentheses
+    and every interval after the first dropped; a change ``a -> b`` with the up to three words
+    naming it; else the leading parts that fit :data:`GRID_NUMBER` characters."""
+    text = re.sub(r"\s*\([^)]*\)", "", key_figure(evidence)).strip()
+    first = re.search(rf"{INTERVAL.pattern}(?: n=\d+)?", text)
+    if first is not None:  # later intervals go: the evidence further down keeps them
+        tail = re.sub(rf" \[{NUM}, {NUM}\](?: n=\d+)?", "", text[first.end():])
+        text = text[:first.end()] + tail
+    change = ARROW.search(text)
+    if change is not None:
+        label = " ".join(text[:change.start()].replace(":", " ").split()[-3:])
+        return f"{label} {change.group(1)} → {change.group(2)}".strip()
     if len(text) <= GRID_NUMBER:
         return text
-    found = INTERVAL.search(text)
-    end = found.end() if found is not None else GRID_NUMBER - 1
-    return text if end >= len(text) else text[:end].rstrip(" ;,") + " …"
+    parts = [p for p in re.split(r"(?<=[;,]) (?![^\[]*\])", text) if p]  # not in [..]
+    out = parts[0]
+    for part in parts[1:]:
+        if len(out) + 1 + len(part) > GRID_NUMBER:
+            break
+        out = f"{out} {part}"
+    out = out.rstrip(";,")
+    return out if len(out) <= 2 * GRID_NUMBER else out[:2 * GRID_NUMBER - 1] + "…"
 
 
 def _badge(verdict: str, link: str | None) -> str:
@@ -100,7 +115,10 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
     s = data["settings"]
     lines = ["## The sink atlas: every claim on every model", "",
              f"Each claim tested on each model with the same prompts and settings (n = {s['n']} "
-             f"prompts of {s['seq_len']} tokens, seed {s['seed']}, sink threshold eps = "
+             f"prompts of {s['seq_len']} tokens"
+             + (f", {s['n_census']} sequences per suite for the first-token table, the "
+                "trained sink rate and C7" if "n_census" in s else "")
+             + f", seed {s['seed']}, sink threshold eps = "
              f"{s['eps']}). {provenance(atlas)}", "",
              "Table: the atlas. Each cell: the verdict (green supported, amber partial, red not "
              "supported, grey not applicable; linked to the finding page's section for that "

@@ -127,7 +127,7 @@ def atlas_files(src: Path) -> dict[str, Any]:
     src = Path(src)
     if not src.is_dir():
         raise BadInputError(f"{src} is not a folder: give the --out folder of a finished "
-                            "`mechsink circuit atlas` run.")
+                            "`mechsink experiment atlas` run.")
     holder = _live_lock(src)
     if holder:
         raise BadInputError(f"{src} is still being written by {holder}: import it when the "

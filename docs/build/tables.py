@@ -156,7 +156,7 @@ def _is_separator(row: str, i: int) -> bool:
 
 
 def cli_options(settings: Mapping[str, Any]) -> str:
-    """An experiment's settings as the options ``mechsink circuit`` takes (``--seq-len 32``)."""
+    """An experiment's settings as the options ``mechsink experiment`` takes (``--seq-len 32``)."""
     parts = []
     for key, value in settings.items():
         values = value if isinstance(value, list | tuple) else [value]

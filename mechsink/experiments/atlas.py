@@ -37,12 +37,12 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError, MechsinkError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
 from mechsink.interventions.readout import measure
 from mechsink.interventions.stats import mean_interval
 from mechsink.io import atomic_write_json, atomic_write_text
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.settings import check_experiment_settings
 
 SCHEMA = "mechsink-atlas/1"
 RESULT_FILE = "atlas.json"
@@ -130,10 +130,12 @@ def _sink_rate(model: Any, tokens: torch.Tensor, eps: float, batch_size: int) ->
 def first_token_table(model: Any, n: int, seq_len: int, seed: int, eps: float,
                       batch_size: int) -> dict[str, dict[str, Any]]:
     """The sink rate on every suite x first-token variant (the same prompts for every model
-    that shares a tokenizer)."""
+    that shares a tokenizer); the suites of one length read in one batched run."""
     from mechsink.inputs.prompts import SUITES, VARIANTS, make_prompts
+    from mechsink.interventions.stacked import ROWS_PER_FORWARD, SPEEDUPS
 
     out: dict[str, dict[str, Any]] = {}
+    made: dict[str, torch.Tensor] = {}
     for suite in SUITES:
         for variant in VARIANTS:
             try:
@@ -141,8 +143,23 @@ def first_token_table(model: Any, n: int, seq_len: int, seed: int, eps: float,
             except MechsinkError as exc:
                 out[f"{suite}/{variant}"] = {"not_applicable": str(exc).splitlines()[0]}
                 continue
-            out[f"{suite}/{variant}"] = _sink_rate(model, p.tokens, eps, batch_size)
-    return out
+            made[f"{suite}/{variant}"] = p.tokens
+    if not SPEEDUPS["stacked"]:
+        for key, tokens in made.items():
+            out[key] = _sink_rate(model, tokens, eps, batch_size)
+    by_shape: dict[tuple[int, ...], list[str]] = {}
+    for key, tokens in made.items() if SPEEDUPS["stacked"] else ():
+        by_shape.setdefault(tuple(tokens.shape), []).append(key)
+    for keys in by_shape.values():  # one run per length: each sequence's scores are its own
+        r = measure(model, torch.cat([made[k] for k in keys]),
+                    batch_size=max(batch_size, ROWS_PER_FORWARD), loss=False)
+        rate = (r.scores > eps).double().flatten(1).mean(1)
+        start = 0
+        for key in keys:
+            rows = int(made[key].shape[0])
+            out[key] = mean_interval(rate[start:start + rows]).to_dict()
+            start += rows
+    return {f"{s}/{v}": out[f"{s}/{v}"] for s in SUITES for v in VARIANTS}
 
 
 def c7_twins(build: Callable[[int], Any], settings: dict[str, Any]) -> dict[str, Any]:
@@ -151,7 +168,8 @@ def c7_twins(build: Callable[[int], Any], settings: dict[str, Any]) -> dict[str,
     from mechsink.experiments.init_structure import twin_profiles
 
     seeds = [settings["seed"] + i for i in range(TWIN_SEEDS)]
-    return twin_profiles(build, seeds, settings["n"], settings["seq_len"], scales=(1.0,))
+    return twin_profiles(build, seeds, settings.get("n_census", settings["n"]),
+                         settings["seq_len"], scales=(1.0,))
 
 
 def c7_cell(twins: dict[str, Any]) -> dict[str, Any]:
@@ -165,7 +183,7 @@ def c7_cell(twins: dict[str, Any]) -> dict[str, Any]:
                          f"architecture (seeds {twins['seeds']}), partial if some do: "
                          + "; ".join(f"{k}: {v['criterion']}" for k, v in parts.items())
                          + ". (ii) SeedPrint and (iii)'s causal link need the model's own "
-                         "initialisation seed, unknown here: `mechsink circuit init_structure` "
+                         "initialisation seed, unknown here: `mechsink experiment init_structure` "
                          "answers them on organisms",
             "evidence": "; ".join(f"{k} {v['verdict']}: {v['evidence']}"
                                   for k, v in parts.items()),
@@ -248,8 +266,9 @@ def _run_steps(model: Any, name: str, folder: Path, key: dict[str, Any],
         qb, qb_why = _step(folder / "query_bias_dose", key, lambda: query_bias_dose.run(
             model, model_name=name, n=n, seq_len=seq_len, rotation_seed=seed, batch_size=bs),
             "query_bias_dose")
-    first = first_token_table(model, n, seq_len, seed, eps, bs)
-    tokens = inputs(model, name, n, seq_len)
+    n_census = settings.get("n_census", n)
+    first = first_token_table(model, n_census, seq_len, seed, eps, bs)
+    tokens = inputs(model, name, n_census, seq_len)
     trained = _sink_rate(model, tokens, eps, bs)
     return (so, so_why), (p0, p0_why), (qb, qb_why), first, tokens, trained
 
@@ -307,20 +326,27 @@ def check_sizes(n: int, seq_len: int) -> None:
 
 def run(*, work_dir: str | Path, models: Sequence[str] = DEFAULT_MODELS, n: int = 8,
         seq_len: int = 32, seed: int = 0, eps: float = DEFAULT_EPS,
-        batch_size: int = 8) -> ExperimentResult:
+        batch_size: int = 8, n_census: int | None = None) -> ExperimentResult:
     """Run every claim on every model under ``work_dir`` (resumable; one model in memory at a
     time) and return the atlas.
 
     ``models``: model names; ``n``: prompts per run; ``seq_len``: tokens per prompt; ``seed``:
     prompts, twins and bootstrap; ``eps``: the sink threshold; ``batch_size``: sequences per
-    forward.
+    forward; ``n_census``: sequences per suite of the census-type cells (the first-token
+    table, the trained model's sink rate and C7's twins; default ``n``), which cost one
+    forward each and so afford more sequences than the interventions.
     """
     check_experiment_settings("atlas", locals())  # before any work, as the CLI does
     names = check_models(models)
     check_sizes(n, seq_len)
+    if n_census is not None:
+        check_sizes(n_census, seq_len)
     out = Path(work_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings = {"n": n, "seq_len": seq_len, "seed": seed, "eps": eps, "batch_size": batch_size}
+    settings: dict[str, Any] = {"n": n, "seq_len": seq_len, "seed": seed, "eps": eps,
+                                "batch_size": batch_size}
+    if n_census is not None and n_census != n:  # (absent otherwise: earlier runs resume)
+        settings["n_census"] = n_census
     rows = [model_row(name, out, settings) for name in names]
     result = ExperimentResult("atlas", assemble(rows, settings))
     result.save(out)

@@ -41,14 +41,18 @@ from typing import Any
 
 from mechsink.discover.node_search import minimal_circuit, single_effects
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
 from mechsink.interventions.edits import ablate
-from mechsink.interventions.readout import massive_channel_sets, sink_readout
+from mechsink.interventions.readout import (
+    massive_channel_sets,
+    sink_readout,
+    sink_readout_each,
+)
 from mechsink.patching import MassiveValue, SinkScore
 from mechsink.patching.path import parse_component, path_patch
-from mechsink.settings import check_experiment_settings
 
 FIGURE = "p0_circuit.png"
 SCHEMA = "mechsink-p0-sink/3"
@@ -191,6 +195,13 @@ def run(model: Any, *, model_name: str | None = None, n: int = 8, seq_len: int =
                                               for e in component_edits(model, c)])[:2]
         return cache[ablated]
 
+    # every component ablated alone, as stacked copies of the prompts (batched forwards)
+    singles = [frozenset([c]) for c in components]
+    for key, r in zip(singles, sink_readout_each(
+            model, tokens, [[e for c in key for e in component_edits(model, c)]
+                            for key in singles], positions=[0], include_self=False,
+            channel=channel), strict=True):
+        cache[key] = (r.rates[0], r.channel_values[0].abs().max().item())
     sink_effect = single_effects(components, lambda a: evaluate_both(a)[0])
     channel_effect = single_effects(components, lambda a: evaluate_both(a)[1])
     found_circuit = minimal_circuit(components, lambda a: evaluate_both(a)[0],

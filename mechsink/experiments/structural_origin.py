@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from mechsink.errors import BadInputError
+from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.inputs.prompts import make_prompts
 from mechsink.interventions import chain
@@ -47,17 +48,23 @@ from mechsink.interventions.edits import (
     attend_only_to_self,
     scale_tokens,
 )
-from mechsink.interventions.readout import massive_channel_sets, read_with_edits, resid_at
+from mechsink.interventions.readout import (
+    massive_channel_sets,
+    measure_each,
+    read_with_edits,
+    resid_at,
+)
 from mechsink.interventions.set_validation import validate_sets
+from mechsink.interventions.stacked import read_each
 from mechsink.interventions.stats import interval_text as chain_text
 from mechsink.measure import sink_scores
-from mechsink.measure.forward import measure_forward, of_cache
+from mechsink.measure.cache import StackedCache, stacked
+from mechsink.measure.forward import Forward, Measurement, measure_forward, of_cache
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.measure.sinks import HOOKS as PATTERN_HOOKS
 from mechsink.measure.variance import HOOKS as VARIANCE_HOOKS
-from mechsink.measure.variance import variance_stats
+from mechsink.measure.variance import VarianceStats, variance_stats
 from mechsink.model import act_name
-from mechsink.settings import check_experiment_settings
 
 FIGURE = "structural_origin.png"
 
@@ -66,16 +73,47 @@ SCHEMA = "mechsink-structural-origin/3"  # /3: intervals with method and n, C4 d
 
 def variance_part(model: Any, n: int, seq_len: int) -> dict:
     """The variance discrepancy and its uniform-mixing prediction on random and natural text
-    (random first token), one forward each."""
+    (random first token), both suites in one batched run (each suite's sums over its own
+    rows)."""
+    from mechsink.interventions.stacked import SPEEDUPS
+
+    suites = ("random", "natural")
+    made = [make_prompts(model, suite, "randfirst", n=n, seq_len=seq_len, seed=0).tokens
+            for suite in suites]
+    if SPEEDUPS["stacked"] and len({tuple(t.shape) for t in made}) == 1:
+        bounds = [(i * n, (i + 1) * n) for i in range(len(suites))]
+        wanted = {suite: _rows_variance(lo, hi) for suite, (lo, hi) in zip(suites, bounds,
+                                                                           strict=True)}
+        got = measure_forward(model, torch.cat(made), wanted)
+    else:
+        got = {suite: measure_forward(model, tokens, {"variance": of_cache(
+            VARIANCE_HOOKS, variance_stats)})["variance"] for suite, tokens in zip(
+            suites, made, strict=True)}
     out = {}
-    for suite in ("random", "natural"):
-        tokens = make_prompts(model, suite, "randfirst", n=n, seq_len=seq_len, seed=0).tokens
-        stats = measure_forward(model, tokens, {"variance": of_cache(VARIANCE_HOOKS,
-                                                                     variance_stats)})["variance"]
+    for suite in suites:
+        stats = got[suite]
         predicted = stats.predicted
         out[suite] = {"ratio": stats.ratio.tolist(),
                       "predicted_ratio": (predicted[:, 0] / predicted[:, 1:].mean(-1)).tolist()}
     return out
+
+
+def _rows_variance(lo: int, hi: int) -> Measurement:
+    """:func:`variance_stats` of the stacked rows ``lo:hi`` only (chunks merge their sums)."""
+
+    def read(forward: Forward) -> Any:
+        a = max(lo, forward.start) - forward.start
+        b = min(hi, forward.start + int(forward.tokens.shape[0])) - forward.start
+        if a >= b:
+            return None
+        cache = forward.cache
+        rows = StackedCache({h: stacked(cache, h)[:, a:b] for h in VARIANCE_HOOKS}, {})
+        return variance_stats(rows)
+
+    def merge(parts: Sequence[Any]) -> Any:
+        return VarianceStats.merge([p for p in parts if p is not None])
+
+    return Measurement(VARIANCE_HOOKS, read, merge)
 
 
 # --- C4: moving the sink to position k, each intervention as a dose-response -----------------
@@ -100,23 +138,35 @@ INTERVENTIONS = {
 }
 
 
-def _move_read(model: Any, tokens: Any, edits: list, keys: Sequence[int], channel: int,
-               batch_size: int, eps: float) -> dict[int, dict[str, Any]]:
-    """One run with ``edits``: per prompt, the sink score at each key (queries after it, mean
-    over every layer and head), Gu's sink rate there, and the channel at each key after every
-    block (mean over prompts)."""
+def _move_wanted(model: Any, keys: Sequence[int], channel: int, eps: float
+                 ) -> dict[str, Any]:
+    """What one C4 run reads: the sink scores at each key and the channel there."""
     n_layers = int(model.cfg.n_layers)
     wanted = {}
     for k in keys:
         wanted[f"s{k}"] = of_cache(PATTERN_HOOKS, lambda c, k=k: sink_scores(c, k, eps))
         wanted[f"c{k}"] = resid_at(n_layers, k, channel)
-    got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
+    return wanted
+
+
+def _move_values(got: dict[str, Any], keys: Sequence[int], eps: float
+                 ) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
     for k in keys:
         per = got[f"s{k}"].per_sequence(False).double()
         out[k] = {"score": per.mean((1, 2)), "rate": float((per > eps).double().mean()),
                   "channel": float(got[f"c{k}"].double().mean(0).abs().max())}
     return out
+
+
+def _move_read(model: Any, tokens: Any, edits: list, keys: Sequence[int], channel: int,
+               batch_size: int, eps: float) -> dict[int, dict[str, Any]]:
+    """One run with ``edits``: per prompt, the sink score at each key (queries after it, mean
+    over every layer and head), Gu's sink rate there, and the channel at each key after every
+    block (mean over prompts)."""
+    got = read_with_edits(model, tokens, _move_wanted(model, keys, channel, eps), edits,
+                          batch_size=batch_size)
+    return _move_values(got, keys, eps)
 
 
 def _move_row(k: int, name: str, dose: float, base: dict, after: dict) -> dict[str, Any]:
@@ -181,7 +231,7 @@ def move_the_sink(model: Any, tokens: Any, sn: dict, positions: list[int], *,
     massive = cache[act_name("resid_pre", plant_layer)][:, 0, channel].double().mean().item()
     del cache, resid
     all_layers = range(n_layers)
-    rows, curves = [], []
+    plan = []  # (k, intervention, doses, edit lists): every dose of every k, read at once
     for k in positions:
         grids = {
             "self-only mask": (mask_strengths, lambda s, k=k: attend_only_to_self(
@@ -198,13 +248,19 @@ def move_the_sink(model: Any, tokens: Any, sn: dict, positions: list[int], *,
                 amplify_deviation(model, layer, [k], a, centers[k:k + 1])]),
         }
         for name, (doses, make) in grids.items():
-            scores = []
-            for dose in doses:
-                after = _move_read(model, tokens, make(float(dose)), [0, k], channel,
-                                   batch_size, eps)
-                rows.append(_move_row(k, name, float(dose), base, after))
-                scores.append(after[k]["score"])
-            curves.append(_curve(k, name, doses, scores))
+            plan.append((k, name, doses, [make(float(dose)) for dose in doses]))
+    # the doses as stacked copies of the prompts: batched forwards, each copy with its edits
+    # (every key read on every copy: the keys a copy does not need cost a few reductions)
+    got = iter(read_each(model, tokens, _move_wanted(model, keys, channel, eps),
+                         [e for *_, lists in plan for e in lists], batch_size=batch_size))
+    rows, curves = [], []
+    for k, name, doses, lists in plan:
+        scores = []
+        for dose, _ in zip(doses, lists, strict=True):
+            after = _move_values(next(got), [0, k], eps)
+            rows.append(_move_row(k, name, float(dose), base, after))
+            scores.append(after[k]["score"])
+        curves.append(_curve(k, name, doses, scores))
     return rows, curves
 
 
@@ -249,9 +305,12 @@ def _surgery(model: Any, tokens: Any, channel: int, layer: int, frame: chain.Fra
     }
     rows = []
     base = late_values(clean, frame)
+    edited = [name for name, edits in conditions.items() if edits]
+    runs = dict(zip(edited, measure_each(model, tokens, [conditions[e] for e in edited],
+                                         channels=[channel], batch_size=batch_size),
+                    strict=True))  # the conditions as stacked copies: batched forwards
     for name, edits in conditions.items():
-        r = clean if not edits else chain.measure(model, tokens, edits, channels=[channel],
-                                                  batch_size=batch_size)
+        r = runs.get(name, clean)
         after = late_values(r, frame)
         drop = None if base is None or after is None or not edits else \
             chain.paired_interval(base, after).to_dict()

@@ -3,7 +3,8 @@ read the whole curve, because effects in these models saturate (a massive channe
 its size can still dominate the token's direction after RMSNorm, so one partial intervention can
 show nothing).
 
-:func:`dose_response` runs one :func:`~mechsink.interventions.readout.measure` per dose and reads
+:func:`dose_response` reads every dose (:func:`~mechsink.interventions.readout.measure_each`:
+the doses as stacked copies of the prompts, batched forwards) and reads
 each through one :class:`Frame` fixed on the clean run (its sink heads, the late layers, where the
 channel is read): per dose the channel at position 0, the mean sink score of each layer's sink
 heads, Gu et al.'s sink rate and the next-token loss, each with a 95% interval over prompts
@@ -26,7 +27,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.interventions.readout import Readout, measure
+from mechsink.interventions.readout import Readout, measure_each
 from mechsink.interventions.stats import (
     LEVEL,
     N_BOOT,
@@ -36,7 +37,7 @@ from mechsink.interventions.stats import (
     resample_indices,
 )
 from mechsink.interventions.targets import Target
-from mechsink.measure._cache import rounded
+from mechsink.measure.cache import rounded
 from mechsink.measure.sinks import DEFAULT_EPS, check_eps
 
 DEFAULT_DOSES: tuple[float, ...] = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 3.0)
@@ -237,9 +238,10 @@ def dose_response(
     seed: int = 0,
     batch_size: int = 8,
 ) -> DoseResponse:
-    """Scale ``target`` by each factor in ``doses`` (must include 0 and 1), one forward per
-    dose, and summarise each with intervals over the prompts (see :class:`Frame` for what is
-    read). The sink heads are the clean run's (factor 1)."""
+    """Scale ``target`` by each factor in ``doses`` (must include 0 and 1), the doses as
+    stacked copies of the prompts (batched forwards), and summarise each with intervals over
+    the prompts (see :class:`Frame` for what is read). The sink heads are the clean run's
+    (factor 1)."""
     grid = tuple(float(d) for d in doses)
     if 0.0 not in grid or 1.0 not in grid:
         raise BadInputError("doses must contain 0 (full removal) and 1 (clean): "
@@ -247,8 +249,9 @@ def dose_response(
     if len(set(grid)) != len(grid):
         raise BadInputError(f"doses repeat a factor: {list(grid)}.")
     check_eps(eps)
-    readouts = tuple(measure(model, tokens, [] if d == 1.0 else target.edits(d),
-                             channels=target.channels, batch_size=batch_size) for d in grid)
+    readouts = tuple(measure_each(model, tokens, [[] if d == 1.0 else target.edits(d)
+                                                  for d in grid],
+                                  channels=target.channels, batch_size=batch_size))
     clean = readouts[grid.index(1.0)]
     frame = make_frame(model, clean, target.layers, eps=eps, late_layers=late_layers,
                        channel_layer=channel_layer)

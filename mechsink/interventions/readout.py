@@ -16,7 +16,7 @@ strongest single super neuron. (Not a linear probe: nothing is fitted.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,9 +25,10 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.interventions.edits import Intervention, applied
+from mechsink.interventions.edits import Intervention
+from mechsink.interventions.stacked import read_each, read_with_edits
 from mechsink.measure import mlp_spikes, sink_scores
-from mechsink.measure._cache import frame
+from mechsink.measure.cache import frame
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, measure_forward, of_cache
 from mechsink.measure.loss import NEXT_TOKEN_LOSS
@@ -42,26 +43,6 @@ from mechsink.measure.super_neurons import (
 )
 from mechsink.measure.wide import wide
 from mechsink.model import act_name, down_projection, down_projection_bias, post_mlp_norms
-from mechsink.model.precision import guard_overflow
-from mechsink.model.support import check_supported
-
-
-def read_with_edits(
-    model: Any,
-    tokens: Int[Tensor, "batch pos"],
-    measurements: Mapping[str, Measurement],
-    edits: Sequence[Intervention] = (),
-    *,
-    batch_size: int | None = None,
-    memory_budget: Any = None,
-) -> dict[str, Any]:
-    """:func:`~mechsink.measure.forward.measure_forward` with ``edits`` installed for every
-    chunk (removed afterwards, also when a chunk raises); chunks stay within ``memory_budget``
-    (default: a share of the device's free memory)."""
-    check_supported(model, "interventions")
-    with applied(model, list(edits)), guard_overflow(model):
-        return measure_forward(model, tokens, measurements, batch_size=batch_size,
-                               memory_budget=memory_budget)
 
 
 def resid_at(n_layers: int, position: int, channels: int | list[int] | None = None
@@ -89,8 +70,17 @@ class SinkReadout:
     channel_values: dict[int, Float[Tensor, " layer"]]  # resid_post[l, k, channel], mean
     include_self: bool = True
 
-    def mean_score(self, position: int) -> float:
-        return self.scores[position].mean().item()
+    def score(self, position: int = 0) -> Float[Tensor, "layer head"]:
+        """The sink score of key ``position`` per layer and head, averaged over sequences: the
+        same reading as :meth:`mechsink.measure.SinkScores.score`."""
+        if position not in self.scores:
+            raise BadInputError(f"position {position} was not read; read positions: "
+                                f"{sorted(self.scores)}.")
+        return self.scores[position]
+
+    def mean_score(self, position: int = 0) -> float:
+        """:meth:`score` averaged over every layer and head: one number per position."""
+        return self.score(position).mean().item()
 
     def to_dict(self) -> dict[str, Any]:
         return {"sink_score_mean": {k: self.mean_score(k) for k in self.scores},
@@ -131,6 +121,33 @@ def sink_readout(
     """Run ``tokens`` once with ``interventions`` and measure the sinks at key ``positions``
     (default ``(0,)``): Gu's sink score, or with ``include_self=False`` the queries after the
     key only (the census's ``sink_score_no_self``); and ``channel`` at each of them."""
+    keys, wanted = _sink_wanted(model, tokens, positions, channel, eps)
+    got = read_with_edits(model, tokens, wanted, interventions)
+    return _as_sink_readout(got, keys, include_self, channel)
+
+
+def sink_readout_each(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    edit_lists: Sequence[Sequence[Intervention]],
+    *,
+    positions: Sequence[int] | None = None,
+    include_self: bool = True,
+    channel: int | None = None,
+    eps: float = DEFAULT_EPS,
+) -> list[SinkReadout]:
+    """:func:`sink_readout` under each of ``edit_lists``, as batched forwards over stacked
+    copies of ``tokens`` (:func:`mechsink.interventions.stacked.read_each`)."""
+
+    keys, wanted = _sink_wanted(model, tokens, positions, channel, eps)
+    return [_as_sink_readout(got, keys, include_self, channel)
+            for got in read_each(model, tokens, wanted, edit_lists)]
+
+
+def _sink_wanted(model: Any, tokens: Tensor, positions: Sequence[int] | None,
+                 channel: int | None, eps: float) -> tuple[tuple[int, ...],
+                                                           dict[str, Measurement]]:
+    """The key positions and what :func:`sink_readout` reads, checked before any work."""
     key_positions = (0,) if positions is None else tuple(int(k) for k in positions)
     check_eps(eps)
     n_pos, n_layers = int(tokens.shape[-1]), int(model.cfg.n_layers)
@@ -143,9 +160,13 @@ def sink_readout(
                                         lambda cache, k=k: sink_scores(cache, k, eps))
         if channel is not None:
             wanted[f"channel@{k}"] = resid_at(n_layers, k, channel)
-    got = read_with_edits(model, tokens, wanted, interventions)
+    return key_positions, wanted
+
+
+def _as_sink_readout(got: dict[str, Any], keys: tuple[int, ...], include_self: bool,
+                     channel: int | None) -> SinkReadout:
     scores, rates, values = {}, {}, {}
-    for k in key_positions:
+    for k in keys:
         s = got[f"sinks@{k}"]
         scores[k], rates[k] = s.score(include_self), s.rate_of(include_self)
         if channel is not None:
@@ -192,6 +213,32 @@ def measure(
     """Run ``tokens`` with ``edits`` in place (removed afterwards), ``batch_size`` sequences per
     forward, and read the channels at position 0, the sink scores at key 0 and the next-token
     loss, per prompt (``loss=False``: no unembedding, the loss is NaN)."""
+    wanted = _readout_measurements(model, tokens, channels, batch_size, loss)
+    got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
+    return _as_readout(model, tokens, got, bool(channels), loss)
+
+
+def measure_each(
+    model: Any,
+    tokens: Int[Tensor, "batch pos"],
+    edit_lists: Sequence[Sequence[Intervention]],
+    *,
+    channels: Sequence[int] = (),
+    batch_size: int = 8,
+    loss: bool = True,
+) -> list[Readout]:
+    """:func:`measure` under each of ``edit_lists``, as batched forwards over stacked copies of
+    ``tokens`` (:func:`mechsink.interventions.stacked.read_each`): the same readouts, fewer
+    and larger forwards."""
+
+    wanted = _readout_measurements(model, tokens, channels, batch_size, loss)
+    return [_as_readout(model, tokens, got, bool(channels), loss)
+            for got in read_each(model, tokens, wanted, edit_lists, batch_size=batch_size)]
+
+
+def _readout_measurements(model: Any, tokens: Tensor, channels: Sequence[int],
+                          batch_size: int | None, loss: bool) -> dict[str, Measurement]:
+    """What :func:`measure` reads, checked before any work."""
     if tokens.ndim != 2 or tokens.shape[1] < 2:
         raise BadInputError("tokens must be [batch, pos] with at least two positions.")
     if batch_size is None:
@@ -206,7 +253,12 @@ def measure(
         channels_at_0 = resid_at(n_layers, 0, chans)
         wanted["channels"] = Measurement(
             channels_at_0.hooks, lambda forward: channels_at_0.read(forward).float().cpu())
-    got = read_with_edits(model, tokens, wanted, edits, batch_size=batch_size)
+    return wanted
+
+
+def _as_readout(model: Any, tokens: Tensor, got: dict[str, Any], chans: bool, loss: bool
+                ) -> Readout:
+    n_layers = int(model.cfg.n_layers)
     ch = got["channels"] if chans else torch.zeros(tokens.shape[0], n_layers, 0)
     nan = torch.full((tokens.shape[0],), float("nan"))
     return Readout(ch, got["scores"], got["loss"] if loss else nan)

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from mechsink.errors import BadInputError
 from mechsink.interventions.dose import Frame, RunSummary, make_frame, summarise
-from mechsink.interventions.readout import Readout, measure
+from mechsink.interventions.readout import Readout, measure_each
 from mechsink.interventions.stats import MIN_N_APART, N_BOOT, TOO_FEW, Interval, paired_interval
 from mechsink.interventions.targets import neuron_set
 from mechsink.measure.sinks import DEFAULT_EPS
@@ -175,7 +175,13 @@ def validate_sets(
         raise BadInputError("validate_sets needs at least one non-empty super-neuron set.")
     channels = sorted({s.channel for s in sets})
     d_mlp = int(true_d_mlp(model) or model.cfg.d_mlp)
-    clean = measure(model, tokens, channels=channels, batch_size=batch_size, loss=False)
+    rands = [random_units(d_mlp, len(s.units), s.units, seed + s.layer) for s in sets]
+    # the clean run and every set's two zeroings as stacked copies (batched forwards)
+    edit_lists = [[]] + [neuron_set(model, s.layer, units).edits(0.0)
+                         for s, rand in zip(sets, rands, strict=True)
+                         for units in (s.units, rand)]
+    clean, *zeroings = measure_each(model, tokens, edit_lists, channels=channels,
+                                    batch_size=batch_size, loss=False)
     late = late_layers(int(model.cfg.n_layers))
     frames, cleans = {}, {}
     for i, ch in enumerate(channels):
@@ -186,12 +192,10 @@ def validate_sets(
                                 channel_layer=peak)
         cleans[ch] = summarise(_only(clean, i), frames[ch], n_boot=n_boot, seed=seed)
     checks = []
-    for s in sets:
+    for j, s in enumerate(sets):
         i, frame = channels.index(s.channel), frames[s.channel]
-        rand = random_units(d_mlp, len(s.units), s.units, seed + s.layer)
-        runs = [_only(measure(model, tokens, neuron_set(model, s.layer, units).edits(0.0),
-                              channels=channels, batch_size=batch_size, loss=False), i)
-                for units in (s.units, rand)]
+        rand = rands[j]
+        runs = [_only(r, i) for r in zeroings[2 * j:2 * j + 2]]
         c0 = _only(clean, i)
         ly = frame.channel_layer
         mag = [r.channels[:, ly, 0].abs().double() for r in (c0, *runs)]

@@ -37,7 +37,7 @@ from scipy.stats import t as student_t
 from torch import Tensor
 
 from mechsink.errors import BadInputError
-from mechsink.measure._cache import rounded
+from mechsink.measure.cache import rounded
 
 LEVEL = 0.95
 N_BOOT = 2000
