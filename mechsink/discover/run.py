@@ -38,8 +38,7 @@ norm's input on the clean run), what path patching's frozen run gives (Wang et a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -57,6 +56,7 @@ from mechsink.interventions.ablation import Ablation, as_ablation
 from mechsink.model import act_name, block_norm, down_projection, hook_names, write_in_place
 from mechsink.model.memory import memory_budget as resolve_budget
 from mechsink.model.support import architecture, check_supported
+from mechsink.model.switches import graph_mode, mlp_in_only
 from mechsink.names import explicit_bos
 from mechsink.patching import engine, plan
 from mechsink.patching.engine import TokensLike
@@ -64,35 +64,6 @@ from mechsink.patching.metrics import Metric
 from mechsink.patching.nodes import Receiver, Sender
 
 HookFn = Callable[..., Any]
-_FLAGS = ("use_split_qkv_input", "use_attn_result", "use_hook_mlp_in")
-
-
-@contextmanager
-def graph_mode(model: Any, *, inputs: bool = True) -> Iterator[None]:
-    """Per-head q/k/v inputs, per-head results and ``hook_mlp_in`` on, restored on exit
-    (``inputs=False``: per-head results only, what recording the senders' writes needs; the
-    per-head input forks are the expensive part).
-
-    These are the public switches TransformerLens's HookedTransformer and TransformerBridge
-    share (``set_use_split_qkv_input`` etc.); they leave the model's outputs unchanged.
-    """
-    before = {f: bool(getattr(model.cfg, f, False)) for f in _FLAGS}
-    try:
-        try:
-            model.set_use_split_qkv_input(inputs)
-            model.set_use_attn_result(True)
-            model.set_use_hook_mlp_in(inputs)
-        except (AttributeError, NotImplementedError, ValueError) as exc:
-            raise BadInputError(
-                f"this model cannot give each head its own query/key/value input ({exc}); "
-                "edge discovery needs TransformerLens's use_split_qkv_input."
-            ) from exc
-        yield
-    finally:
-        for flag, value in before.items():
-            setter = getattr(model, f"set_{flag}", None)
-            if setter is not None and bool(getattr(model.cfg, flag, False)) != value:
-                setter(value)
 
 
 def _own_copy(hook: str) -> bool:
@@ -387,14 +358,14 @@ class GraphRun:
         copies = coeffs.shape[0]
         grads: dict[str, Tensor] = {}
         deltas: dict[str, Tensor] = {}
-        hooks = _CoeffHooks(self, coeffs.to(self.delta.dtype), with_grad, keep_writes,
+        hooks = _CoeffHooks(self, coeffs.to(self.delta), with_grad, keep_writes,
                             grads, deltas).hooks()
         for layer in pattern_layers:
             hooks.append((act_name("pattern", layer), _grad_keeper(grads,
                                                                    act_name("pattern", layer))))
         resid0 = self.clean.acts[act_name("resid_pre", 0)].repeat(copies, 1, 1)
         if embed_shift is not None:
-            shift = embed_shift.to(resid0.dtype).view(copies, 1, 1, 1) * self.delta[:, :, 0]
+            shift = embed_shift.to(resid0).view(copies, 1, 1, 1) * self.delta[:, :, 0]
             resid0 = resid0 + shift.flatten(0, 1)
         if with_grad:
             resid0 = resid0.detach().clone().requires_grad_(True)
@@ -433,8 +404,7 @@ class GraphRun:
                 same = [i for i in order if layer[i] == lay]
                 batches += [same[lo:lo + per] for lo in range(0, len(same), per)]
         projections = self.head_projections if plain_grads.ENABLED else None
-        mode = graph_mode(self.model) if projections is None else \
-            plain_grads.mlp_in_only(self.model)
+        mode = graph_mode(self.model) if projections is None else mlp_in_only(self.model)
         with torch.no_grad(), mode:
             for chunk in batches:
                 joins = [layer[i] for i in chunk]
@@ -598,6 +568,13 @@ class _CoeffHooks:
         self.written: list[Any] = [run.w_clean[:, :, :1].repeat(self.copies, 1, 1, 1)]
         self.scales: dict[int, Tensor] = {}
         self.posts: dict[int, Tensor] = {}
+        # runs without gradients gather the writes once into a sender-major buffer
+        # ``[copies, sender, batch * pos, d]`` (filled as senders write) and inject with two
+        # matrix products per slot, never materialising ``w_corr - w_run`` per copy and slot
+        self.buffered = not with_grad and not keep_writes
+        self.buffer: Tensor | None = None
+        self.filled = 0  # entries of ``written`` copied into the buffer
+        self.flat_corr: Tensor | None = None  # ``w_corr`` as ``[sender, batch * pos * d]``
 
     def hooks(self) -> list[tuple[str, HookFn]]:
         run, out = self.run, []
@@ -635,6 +612,39 @@ class _CoeffHooks:
                 out.append(self._entry(i)[:, :, sel])
             first += size
         return torch.cat(out, 2)
+
+    def _fill(self) -> int:
+        """Copy the writes not yet in the buffer into it; returns the senders written so far."""
+        run, copies = self.run, self.copies
+        b, pos, n_all, dm = run.delta.shape
+        if self.buffer is None:
+            self.buffer = run.delta.new_empty(copies, n_all, b * pos, dm)
+            corr = run.w_corr
+            self.flat_corr = corr.permute(2, 0, 1, 3).reshape(n_all, b * pos * dm)
+        first = sum(self._size(self.written[i]) for i in range(self.filled))
+        for i in range(self.filled, len(self.written)):
+            w = self._entry(i)
+            size = int(w.shape[2])
+            self.buffer[:, first:first + size] = w.view(copies, b, pos, size, dm).permute(
+                0, 3, 1, 2, 4).reshape(copies, size, b * pos, dm)
+            first += size
+        self.filled = len(self.written)
+        return first
+
+    def _buffered_injection(self, n_s: int, cols: list[int]) -> Tensor:
+        """``sum_u C[c, u, v] (w_u^corr - w_u^run)`` over the first ``n_s`` senders, for the
+        slot's columns ``cols``: ``[copies * batch, pos, v, d]`` (a view). The corrupted part
+        is one product shared by every copy; the run's part one batched product over copies,
+        subtracted in the same call."""
+        assert self.buffer is not None and self.flat_corr is not None
+        copies, b = self.copies, self.run.batch
+        pos, dm = int(self.run.delta.shape[1]), int(self.run.delta.shape[3])
+        v = len(cols)
+        ct = self.coeffs[:, :n_s][:, :, cols].transpose(1, 2).to(self.buffer.dtype)
+        corr = (ct.reshape(copies * v, n_s) @ self.flat_corr[:n_s]).view(copies, v, -1)
+        run_w = self.buffer[:, :n_s].flatten(2)  # [copies, n_s, batch * pos * d]
+        inj = torch.baddbmm(corr, ct, run_w, alpha=-1)  # [copies, v, batch * pos * d]
+        return inj.view(copies, v, b, pos, dm).permute(0, 2, 3, 1, 4).flatten(0, 1)
 
     def _corr_minus(self, idx: list[int], run_w: Tensor) -> Tensor:
         """``w_corr - w_run`` of senders ``idx``, ``[copies * batch, pos, n, d]``: the
@@ -675,6 +685,14 @@ class _CoeffHooks:
                 n_s = run_w.shape[2]
                 d: Tensor | None = self._corr_minus(list(range(n_s)), run_w)
                 idx = list(range(n_s))
+            elif self.buffered:
+                n_s = sum(self._size(w) for w in self.written)
+                if not bool(live[:n_s].any()):
+                    return act
+                self._fill()
+                inj = self._buffered_injection(n_s, slot.cols)
+                new = act + (inj if slot.heads else inj[:, :, 0])
+                return new if _own_copy(slot.hook) else write_in_place(act, new)
             else:
                 n_s = sum(self._size(w) for w in self.written)
                 idx = live[:n_s].nonzero().flatten().tolist()
