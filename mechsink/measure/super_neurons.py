@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mechsink.measure._cache import CacheLike, frame, grid_frame, rounded, rounded_list, stacked
+from mechsink.measure.cache import CacheLike, frame, grid_frame, rounded, rounded_list, stacked
 
 HOOKS = ("mlp.hook_post", "hook_mlp_out")
 SPIKE_THRESHOLD = 50.0
@@ -146,9 +146,11 @@ def mlp_spikes(
     out = stacked(cache, HOOKS[1]).float()
     in_value, in_neuron, in_pos = _argmax_abs(post)
     out_value, out_channel, out_pos = _argmax_abs(out)
-    w = w_out.detach().to(post.device, torch.float32)
+    # only the entries read are converted: a float32 copy of every down projection is 7.5 GB
+    # on an 8B model in bfloat16 (w_out is the blocks' own tensors, a LayerStack)
+    w = w_out.detach()
     layers = torch.arange(w.shape[0], device=post.device)[None, :].expand_as(in_neuron)
-    weight = w[layers, in_neuron, out_channel]
+    weight = w[layers, in_neuron, out_channel].to(post.device, torch.float32)
     return MlpSpikes(float(threshold), in_value.cpu(), in_neuron.cpu(), in_pos.cpu(),
                      out_value.cpu(), out_channel.cpu(), out_pos.cpu(), weight.cpu())
 
@@ -383,11 +385,12 @@ class SuperNeuronSets:
         post0, out0 = self.post0[:, layer], self.out0[:, layer, channel]
         norm = self.post_norm(layer)
         if norm is None:
-            return complete_set(post0, out0, self.w_out[layer, :, channel].to(post0.device),
+            return complete_set(post0, out0,
+                                self.w_out[layer, :, channel].to(post0.device, torch.float32),
                                 self.coverage, layer, channel)
         b_out = (torch.zeros(self.w_out.shape[2]) if self.b_out is None else self.b_out[layer])
-        return residual_set(post0, out0, self.w_out[layer], b_out, norm, self.coverage, layer,
-                            channel)
+        return residual_set(post0, out0, self.w_out[layer].to(post0.device), b_out, norm,
+                            self.coverage, layer, channel)
 
     def spiking_neurons(self) -> list[SpikingNeuron]:
         """Every neuron that met the spike criterion, grouped by (layer, neuron, channel)."""
@@ -463,14 +466,14 @@ def super_neuron_sets(
     post = stacked(cache, HOOKS[0]).float()  # [layer, batch, pos, d_mlp]
     out = stacked(cache, HOOKS[1]).float()  # [layer, batch, pos, d_model]
     resid = stacked(cache, SET_HOOKS[2]).float()  # [layer, batch, pos, d_model]
-    w = w_out.detach().to(post.device, torch.float32)
+    w = w_out.detach()  # kept as it is (no float32 copy of every layer, see mlp_spikes)
     spikes = []
     out_spiking = out.abs() > threshold  # [layer, batch, pos, d_model]
     hits = torch.nonzero((post.abs() > threshold) & out_spiking.any(-1, keepdim=True))
     for layer, b, pos, neuron in hits.tolist():
         act = float(post[layer, b, pos, neuron])
         chans = torch.nonzero(out_spiking[layer, b, pos])[:, 0]
-        contrib = act * w[layer, neuron, chans]
+        contrib = act * w[layer, neuron, chans.to(w.device)].to(post.device, torch.float32)
         best = int(contrib.abs().argmax())
         spikes.append((layer, neuron, int(chans[best]), pos, act, float(contrib[best])))
     # clone(): a slice would keep the whole [layer, batch, pos, ...] stack alive with the result
@@ -478,5 +481,5 @@ def super_neuron_sets(
     return SuperNeuronSets(float(threshold), float(coverage),
                            *(x[:, :, 0].transpose(0, 1).cpu().clone() for x in (post, out, resid)),
                            resid.abs().flatten(2).median(-1).values.transpose(0, 1).cpu(),
-                           w.cpu(), tuple(spikes), tuple(post_norms),
+                           w, tuple(spikes), tuple(post_norms),
                            None if b_out is None else b_out.detach().float().cpu())

@@ -7,8 +7,8 @@ that and become inf. bfloat16 has float32's range (about 3.4e38) with fewer digi
 :func:`overflow_advice` is the sentence every error about a non-finite value adds, naming the
 dtype and what to load instead; :func:`guard_overflow` turns an inf in the residual stream of a
 half-precision run into that error (the interventions readout runs under it). The measured
-tolerances of half precision against float32 are in the README ("Precision") and
-``tests/architectures/test_precision.py``.
+tolerances of half precision against float32 are in the docs' architectures reference
+("Precision") and ``tests/architectures/test_precision.py``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Half precision on CPU (what a GPU user runs) against float32: every entry point (census,
 activation patching, path patching, discovery EAP and exact edges, the interventions readout)
 on tiny models of four families (GPT-2; Llama; Gemma 2 with its soft-caps and post-norms;
-GPT-NeoX, fused QKV), each quantity within the tolerance the README states; and a value beyond
+GPT-NeoX, fused QKV), each quantity within the tolerance the docs state; and a value beyond
 float16's range is stated (the census) or an error naming the dtype (the other entry points),
 never a silent inf.
 """
@@ -16,7 +16,7 @@ import torch
 
 from tests.architectures import builder
 
-#: the largest |logit difference| from float32, relative to the largest |logit| (README)
+#: the largest |logit difference| from float32, relative to the largest |logit| (the docs)
 TOLERANCE = {"bfloat16": 0.05, "float16": 0.01}
 FAMILIES = ["LlamaForCausalLM", "GPT2LMHeadModel", "Gemma2ForCausalLM", "Qwen2ForCausalLM",
             "GPTNeoXForCausalLM", "PhiForCausalLM"]
@@ -25,7 +25,7 @@ ENTRY_FAMILIES = ["GPT2LMHeadModel", "LlamaForCausalLM", "Gemma2ForCausalLM",
                   "GPTNeoXForCausalLM"]
 HALF = ("bfloat16", "float16")
 
-#: quantity -> (how the difference is scaled, tolerance per dtype); the README's table.
+#: quantity -> (how the difference is scaled, tolerance per dtype); the docs page's table.
 #: "abs": max |difference| (sink scores live in [0, 1]); "rel": max |difference| / the
 #: float32 quantity's largest |value|; "metric": max |difference| / the largest |value| among
 #: the float32 result and the metric on the clean and corrupted runs (a patching effect is a
@@ -49,13 +49,14 @@ QUANTITIES: dict[str, tuple[str, dict[str, float]]] = {
 EAP_OVERFLOWS: set[tuple[str, str]] = set()
 
 
-def test_the_readme_states_the_tolerances_tested_here():
+def test_the_docs_state_the_tolerances_tested_here():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    page = Path(__file__).resolve().parents[2] / "docs" / "reference" / "architectures.md"
+    text = page.read_text(encoding="utf-8")
     for name, (kind, tol) in QUANTITIES.items():
         row = f"| {name} | {kind} | {tol['bfloat16']:g} ("
-        assert row in readme and f") | {tol['float16']:g} (" in readme.split(row)[1][:40], name
+        assert row in text and f") | {tol['float16']:g} (" in text.split(row)[1][:40], name
 
 
 @pytest.fixture(scope="module")
@@ -269,7 +270,7 @@ def _bf16_cases() -> list:
 def test_bfloat16_logits_and_census_sinks_within_the_stated_tolerance(suite, arch,
                                                                       record_property):
     """Every architecture of the suite loaded in bfloat16 through ``hf:<folder>``: its logits
-    within the README's bfloat16 tolerance of transformers' float32 logits (relative to the
+    within the docs' bfloat16 tolerance of transformers' float32 logits (relative to the
     largest |logit|), and its census sink scores within the census tolerance (absolute) of the
     hand computation from transformers' float32 eager attentions. A census that refuses the
     model in float32 refuses it in bfloat16 with the same line. ``diff``: the larger of the

@@ -11,6 +11,8 @@
 - ``random:gpt2-<size>`` / ``random:llama-<size>``: fresh standard initialisation from ``seed``
   (:mod:`~mechsink.model.zoo.random_init`);
 - ``hf:<model id or local folder>``: any causal LM transformers can load;
+- :func:`~mechsink.model.zoo.random_folder.write_random_hf_folder` writes a fresh model of any
+  config (a large model's shapes) as a sharded ``hf:`` folder, one shard in memory at a time;
 - ``organism:<folder>``: a checkpoint written by :func:`save_organism`
   (:mod:`~mechsink.model.zoo.organisms`).
 """
@@ -48,6 +50,7 @@ _LAZY = {
     "resolve_device": "mechsink.model.zoo.devices",
     "save_organism": "mechsink.model.zoo.organisms",
     "seeded_model": "mechsink.model.zoo.random_init",
+    "write_random_hf_folder": "mechsink.model.zoo.random_folder",
 }
 
 
@@ -70,4 +73,5 @@ __all__ = [
     "gguf_file", "gpt2_tokenizer", "gpt2_tokenizer_dir", "known_names", "list_models",
     "load_model", "load_organism_hf", "load_weights", "organism_folder", "organism_recipe",
     "random_config", "random_hf_model", "resolve_device", "save_organism", "seeded_model",
+    "write_random_hf_folder",
 ]
