@@ -153,9 +153,9 @@ def first_table(md: str) -> str:
 
 
 def command(name: str, model: str | None, settings: Mapping[str, Any]) -> str:
-    """The ``mechsink circuit`` command that makes this result."""
+    """The ``mechsink experiment`` command that makes this result."""
     shown = {k: v for k, v in settings.items() if k not in ("work_dir", "run_dir")}
-    parts = ["mechsink circuit", name, *([model] if model else []), "--out", f"runs/{name}"]
+    parts = ["mechsink experiment", name, *([model] if model else []), "--out", f"runs/{name}"]
     options = cli_options(shown)
     return " ".join([*parts, options] if options else parts)
 
@@ -343,4 +343,67 @@ def cross_model_page(census: Mapping[str, Mapping[str, Any]], suite: str = "natu
                          f"{fmt(max(per_layer) if per_layer else None)}]{mark(m, v)}")
         lines.append(f"| `{m}` | " + " | ".join(cells) + " |")
     lines += ["", "Data: each model's census.json (linked from its gallery page).", ""]
+    return "\n".join(lines)
+
+
+SHOWN_SUPER_WEIGHTS = 4  # the largest super weights named per model (a set may hold 60)
+WEIGHT_QUANT_COLUMNS = (
+    ("fp", "full precision"),
+    ("int4_group", "int4, groups of 128"),
+    ("int4_group_super_kept", "int4 g128, super kept"),
+    ("int4_channel", "int4, per channel"),
+    ("int4_channel_super_kept", "int4 per channel, super kept"),
+    ("super_zeroed", "super weights zeroed"),
+    ("top_super_zeroed", "top super weight zeroed"),
+    ("super_kept_alone", "super kept alone"),
+)
+
+
+def _delta(row: Mapping[str, Any]) -> str:
+    iv = row.get("delta_interval") or {}
+    if "delta_loss" not in row:
+        return ""
+    return f" ({row['delta_loss']:+.3f} [{fmt(iv.get('low'))}, {fmt(iv.get('high'))}])"
+
+
+def weight_quantization_page(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The weight-only int4 page: per model the loss under each setting of
+    :mod:`mechsink.interventions.weight_quantization` (its ``to_dict()``), the change from full
+    precision with its interval, and the super weights it kept or zeroed."""
+    lines = ["# Weight-only int4 and the super weight", "",
+             "Every linear weight of the decoder quantized to int4 by round to nearest "
+             "(asymmetric min-max, along the input dimension, in groups of 128 input channels "
+             "or one group per output row), with the super weights quantized like the rest or "
+             "kept in full precision; and, in full precision, the super weights zeroed alone "
+             "(Yu et al. 2024, \"The Super Weight in Large Language Models\"), the top one "
+             "(largest contribution to the channel) zeroed alone, or the super weights kept "
+             "alone while the largest other weights are zeroed. The super weights are the "
+             "down-projection entries joining the complete super-neuron sets to the massive "
+             "channel at position 0.", "",
+             "Table: mean next-token loss on natural text per setting; in brackets the change "
+             "from full precision with its 95% interval over prompts.", "",
+             "| model | " + " | ".join(t for _, t in WEIGHT_QUANT_COLUMNS) + " |",
+             "|---|" + "---|" * len(WEIGHT_QUANT_COLUMNS)]
+    for model, d in results.items():
+        rows = d["settings"]
+        cells = [f"{fmt(rows[k]['loss'])}{_delta(rows[k])}" if k in rows else "-"
+                 for k, _ in WEIGHT_QUANT_COLUMNS]
+        lines.append(f"| `{model}` | " + " | ".join(cells) + " |")
+    lines += ["", "Table: the super weights (how many per block; the largest by magnitude as "
+              "block, neuron -> channel, value) and what each run read.", "",
+              "| model | super weights per block | largest | prompts | other weights zeroed |",
+              "|---|---|---|---|---|"]
+    for model, d in results.items():
+        sws = d["super_weights"]
+        blocks: dict[int, int] = {}
+        for s in sws:
+            blocks[s["layer"]] = blocks.get(s["layer"], 0) + 1
+        per_block = ", ".join(f"L{b}: {n}" for b, n in sorted(blocks.items())) or "-"
+        top = sorted(sws, key=lambda s: -abs(s["value"] or 0.0))[:SHOWN_SUPER_WEIGHTS]
+        largest = ", ".join(f"L{s['layer']} N{s['neuron']}->{s['channel']} ({fmt(s['value'])})"
+                            for s in top) or "-"
+        p = d.get("prompts", {})
+        lines.append(f"| `{model}` | {per_block} | {escape_cell_pipes(largest)} | {p.get('n')} x "
+                     f"{p.get('seq_len')} tokens | {d.get('n_outliers_zeroed')} |")
+    lines += ["", "Data: `docs/results/weight_quantization/<model>.json`.", ""]
     return "\n".join(lines)

@@ -34,17 +34,26 @@ class Site:
     findings: dict[str, dict[str, Any]] | None = None  # name -> {folder, model, settings}
     atlas: Any = None  # a committed atlas (docs.build.results.CommittedAtlas) or None
 
+    def results_root(self) -> Path:
+        """Where the committed results are read: beside the atlas the site was given, else
+        ``docs/results``."""
+        from docs.build.results import RESULTS
+
+        return RESULTS if self.atlas is None else self.atlas.root.parent
+
     def committed_pages(self) -> set[str]:
         """The pages drawn from committed real-model results (no quick-build banner)."""
+        own = ({"findings/weight-quantization.md"}
+               if any((self.results_root() / "weight_quantization").glob("*.json")) else set())
         if self.atlas is None:
-            return set()
+            return own
         from docs.build.atlas_pages import step_rows
         from docs.build.findings import BY_NAME
         from docs.build.results import ATLAS_STEPS
 
-        return {"index.md", "findings/cross-model.md",
-                *(f"findings/{BY_NAME[s].slug}.md" for s in ATLAS_STEPS
-                  if step_rows(self.atlas, s))}
+        return own | {"index.md", "findings/cross-model.md",
+                      *(f"findings/{BY_NAME[s].slug}.md" for s in ATLAS_STEPS
+                        if step_rows(self.atlas, s))}
 
 
 def _copy_sources(dst: Path) -> list[Path]:
@@ -241,7 +250,27 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
         atomic_write_text(folder / "cross-model.md",
                           cross_model_page(site.census, flagged=flagged))
     atomic_write_text(folder / "index.md", index_page(entries))
-    return [*nav, ("Across models: the first token", "findings/cross-model.md")]
+    return [*nav, ("Across models: the first token", "findings/cross-model.md"),
+            *write_weight_quantization(site, src)]
+
+
+def write_weight_quantization(site: Site, src: Path) -> list[tuple[str, str]]:
+    """The weight-only int4 page and its figure from the committed results
+    (``docs/results/weight_quantization/<model>.json``; none: no page)."""
+    from docs.build.findings import weight_quantization_page
+    from mechsink.viz.weight_quantization import weight_quantization_figure
+
+    files = sorted((site.results_root() / "weight_quantization").glob("*.json"))
+    if not files:
+        return []
+    data = {f.stem: json.loads(f.read_text("utf-8")) for f in files}
+    figure = weight_quantization_figure(
+        data, _mkdir(src / "assets" / "findings" / "weight_quantization") / "losses.png")
+    page = weight_quantization_page(data) + (
+        "\n\n![Loss change per setting and model, with 95% intervals over prompts]"
+        f"(../assets/findings/weight_quantization/{figure.name})\n")
+    atomic_write_text(src / "findings" / "weight-quantization.md", page)
+    return [("Weight-only int4 and the super weight", "findings/weight-quantization.md")]
 
 
 def _mkdir(path: Path) -> Path:
@@ -300,7 +329,7 @@ def render_pages(site: Site, src: Path) -> tuple[list[tuple[str, str]], list[tup
     return gallery, findings
 
 
-NO_BANNER = ("api", "census-schema.md")  # pages that show no result
+NO_BANNER = ("api", "reference", "census-schema.md")  # pages that show no result
 
 
 def home_atlas(site: Site) -> str:

@@ -22,6 +22,7 @@ from mechsink.errors import BadInputError
 from mechsink.measure import (
     experts,
     keys,
+    learned_sinks,
     massive,
     norms,
     quantization,
@@ -31,7 +32,7 @@ from mechsink.measure import (
     value_share,
     variance,
 )
-from mechsink.measure._cache import CacheLike
+from mechsink.measure.cache import CacheLike
 from mechsink.measure.forward import Measurement, merge_chunks
 from mechsink.model.moe import moe_experts
 from mechsink.model.probes import capabilities
@@ -126,6 +127,22 @@ class CensusMeasurement:
         return Measurement(hooks, read, merge)
 
 
+@dataclass(frozen=True)
+class ModelFactsMeasurement(CensusMeasurement):
+    """An entry whose function also reads static facts of the model, found once per census by
+    ``facts(model)`` (e.g. which blocks have a learned sink logit): ``measure(cache, context,
+    facts)``, called with ``facts=None`` where no model is at hand (``measure_cache``)."""
+
+    facts: Callable[[Any], Any] = lambda model: None
+
+    def on(self, model: Any, context: CensusContext) -> Measurement:
+        facts, measure = self.facts(model), self.measure
+        plain = CensusMeasurement(self.name, self.hooks,
+                                  lambda cache, c: measure(cache, c, facts),  # type: ignore[call-arg]
+                                  self.merge, self.to_json)
+        return plain.on(model, context)
+
+
 def _decoder(model: Any) -> Callable[[Tensor], list[str]]:
     """One row of token ids -> the model's token strings (measurements that name tokens)."""
     from mechsink.model import token_strings
@@ -193,6 +210,11 @@ CENSUS_MEASUREMENTS: tuple[CensusMeasurement, ...] = (
                                                                  c.decode)),
     CensusMeasurement("quantization", _quantized_hooks,
                       lambda cache, c: quantization.quantization_errors(cache)),
+    ModelFactsMeasurement("learned_sinks",
+                          lambda model: learned_sinks.attention_extras(model).hooks(),
+                          lambda cache, c, facts=None: learned_sinks.learned_sinks(
+                              cache, facts, c.eps),
+                          facts=learned_sinks.attention_extras),
 )
 """Every census measurement, in the order their JSON is written."""
 
