@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # what the lazy attributes are, for type checkers and editors
     from mechsink import viz
     from mechsink.model import list_models, load_model, save_organism, wrap
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the package version (pyproject.toml reads it from here)
 
 _FROM_MODEL = ("list_models", "load_model", "save_organism", "wrap")
 _SUBPACKAGES = ("app", "discover", "experiments", "inputs", "interventions", "io", "measure",

@@ -534,7 +534,7 @@ def test_finding_page_opens_with_the_finding_and_its_figure_and_folds_the_raw_su
     assert "**Finding on `random:llama-tiny`.** C2: **not supported**." in page
     assert page.index("![The chain") < page.index("## Verdicts") < page.index('??? note')
     assert "    | 1 | 2 |" in page  # the raw table is inside the folded block
-    assert ("mechsink circuit structural_origin random:llama-tiny --out runs/structural_origin "
+    assert ("mechsink experiment structural_origin random:llama-tiny --out runs/structural_origin "
             "--n 4 --positions 8 16") in page
 
 
@@ -546,4 +546,4 @@ def test_a_finding_without_verdicts_shows_its_main_table_unfolded() -> None:
                         {"seeds": [0]}, "../assets/x")
     assert "no verdict of its own" in page
     assert page.index("\n| softmax | 3.98 [3.9, 4.0] |") < page.index("??? note")
-    assert "mechsink circuit sink_free --out runs/sink_free --seeds 0" in page
+    assert "mechsink experiment sink_free --out runs/sink_free --seeds 0" in page

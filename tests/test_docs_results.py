@@ -179,6 +179,20 @@ def test_finding_sections_are_drawn_from_the_committed_json_without_a_model(
 
 def test_relative_command_names_the_output_folder_by_its_own_name(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "atlas-n32"
-    command = f"mechsink circuit atlas --out {run} --n 32"
-    assert results.relative_command(command, run) == "mechsink circuit atlas --out atlas-n32 --n 32"
+    command = f"mechsink experiment atlas --out {run} --n 32"
+    assert (results.relative_command(command, run)
+            == "mechsink experiment atlas --out atlas-n32 --n 32")
     assert results.relative_command(None, run) is None
+
+
+def test_a_grid_cell_holds_one_key_number_with_its_interval() -> None:
+    moved = ("0 of 9 (k, intervention) pairs moved the sink, 0 at least doubled the sink at k; "
+             "strongest: k=4 (channel planted) sink at k 0.055 -> 0.057, at 0 0.474 -> 0.473")
+    assert atlas_pages.grid_number(moved) == "sink at k 0.055 → 0.057"
+    removed = ("late-layer sink score 0.322 [0.3, 0.343] clean -> 0.279 [0.265, 0.294] removed; "
+               "sink rate 0.625 [0.625, 0.625] clean -> 0.5 [0.5, 0.5] removed")
+    assert atlas_pages.grid_number(removed) == "late-layer sink score 0.322 [0.3, 0.343] → 0.279"
+    dosed = "clean 0.480 [0.376, 0.543], removed 0.295 [0.245, 0.330], threshold 0.240"
+    assert atlas_pages.grid_number(dosed) == "clean 0.480 [0.376, 0.543]"
+    assert atlas_pages.grid_number("ratio 6.44 (uniform-mixing prediction 7.42); median 0.00"
+                                   ) == "ratio 6.44; median 0.00"

@@ -1,11 +1,12 @@
-"""The README's support matrix, generated from the architecture suite.
+"""The support matrix of the docs (docs/reference/architectures.md), generated from the
+architecture suite.
 
-``python -m tests.architectures.matrix [--junit REPORT.xml] [--readme | OUT.md]`` (``--help``) runs
+``python -m tests.architectures.matrix [--junit REPORT.xml] [--docs | OUT.md]`` (``--help``) runs
 ``tests/architectures`` once with every xfail run as a normal test (``--runxfail``; or reads a
 JUnit report of such a run), takes each test's largest relative difference (its ``diff``
 property) and writes one Markdown row per architecture: the largest difference of each check,
 or the first line of why it fails, with the TransformerLens and transformers versions. With
-``--readme`` the table replaces the one between the README's ``support-matrix`` markers.
+``--docs`` the table replaces the one between the docs page's ``support-matrix`` markers.
 """
 
 from __future__ import annotations
@@ -93,15 +94,15 @@ def markdown(rows: dict[str, dict[str, str]]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "architectures.md"
 MARKERS = ("<!-- support-matrix -->\n", "<!-- /support-matrix -->")
 
 
-def into_readme(text: str) -> None:
-    """Replace the table between the README's markers."""
-    readme = README.read_text(encoding="utf-8")
-    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
-    README.write_text(readme[:start] + text + readme[end:], encoding="utf-8")
+def into_page(text: str) -> None:
+    """Replace the table between the docs page's markers."""
+    page = PAGE.read_text(encoding="utf-8")
+    start, end = page.index(MARKERS[0]) + len(MARKERS[0]), page.index(MARKERS[1])
+    PAGE.write_text(page[:start] + text + page[end:], encoding="utf-8")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -109,12 +110,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m tests.architectures.matrix",
         description="Run the architecture suite (xfails as normal tests) and write its "
-                    "support matrix as Markdown: to OUT.md, into the README (--readme) or "
+                    "support matrix as Markdown: to OUT.md, into the docs page (--docs) or "
                     "to stdout.")
     parser.add_argument("out", nargs="?", type=Path, default=None, metavar="OUT.md",
                         help="file to write the table to (default: print it)")
-    parser.add_argument("--readme", action="store_true",
-                        help="replace the table between the README's support-matrix markers")
+    parser.add_argument("--docs", action="store_true",
+                        help="replace the table between the support-matrix markers of "
+                             "docs/reference/architectures.md")
     parser.add_argument("--junit", type=Path, default=None, metavar="REPORT.xml",
                         help="read this JUnit report of a --runxfail run instead of running "
                              "the suite")
@@ -122,8 +124,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.out is not None and str(args.out).startswith("-"):
         parser.error(f"output path {str(args.out)!r} starts with '-': it looks like an "
                      f"option; write ./{args.out} to mean a file.")
-    if args.out is not None and args.readme:
-        parser.error("give OUT.md or --readme, not both.")
+    if args.out is not None and args.docs:
+        parser.error("give OUT.md or --docs, not both.")
     if args.junit is not None and not args.junit.is_file():
         parser.error(f"--junit {args.junit}: no such file.")
     return args
@@ -137,8 +139,8 @@ def main(argv: list[str]) -> None:
             junit = Path(tmp) / "suite.xml"
             run_suite(junit)
         text = markdown(cells(junit))
-    if args.readme:
-        into_readme(text)
+    if args.docs:
+        into_page(text)
     elif args.out is not None:
         args.out.write_text(text, encoding="utf-8")
     else:

@@ -21,12 +21,12 @@ def test_help_prints_usage_and_writes_nothing(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert got.returncode == 0, got.stderr
     assert "usage: python -m tests.architectures.matrix" in got.stdout
-    assert "--readme" in got.stdout and "--junit" in got.stdout
+    assert "--docs" in got.stdout and "--junit" in got.stdout
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("argv", [["-x.md"], ["--", "-out.md"], ["--nonsense"],
-                                  ["out.md", "--readme"], ["--junit", "missing.xml"]])
+                                  ["out.md", "--docs"], ["--junit", "missing.xml"]])
 def test_bad_command_lines_are_refused(argv, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as exc:
