@@ -127,8 +127,7 @@ def receiver_grads(run: Any, shifts: Sequence[float], pattern_layers: Sequence[i
     hooks = [(n, f) for n, f in hooks if n in known]  # no hook_out) fails the premises below
     with mlp_in_only(model):
         gradient_run(run, resid0, leaf, start, copies, hooks)
-    weights = {k: head_weights(model, k) for k in ("q", "k", "v")}  # stacked once (each read of
-    # model.W_Q stacks every layer's weights)
+    weights = run.head_input_weights
     if not _premises_hold(model, kept, norm, weights, start):
         return None
     for layer in layers:

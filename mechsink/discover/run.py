@@ -426,9 +426,15 @@ class GraphRun:
         with torch.no_grad():
             return self._check_projections()
 
+    @cached_property
+    def head_input_weights(self) -> dict[str, Tensor]:
+        """Per-head (query) and per-KV-head (key, value) input projections, stacked once per
+        run: each read of ``model.W_Q`` stacks every layer's weights again."""
+        return {k: plain_grads.head_weights(self.model, k) for k in "qkv"}
+
     def _check_projections(self) -> dict[str, Tensor] | None:
         model, acts = self.model, self.clean.acts
-        weights = {k: plain_grads.head_weights(model, k) for k in "qkv"}
+        weights = self.head_input_weights
         for layer in range(self.graph.n_layers):
             norm = block_norm(model, layer, "ln1")
             if norm is None or self.post_norm:
@@ -502,14 +508,26 @@ class GraphRun:
     def mask_values(self, keep: Bool[Tensor, "copies edge"], *, batch: int | None = None
                     ) -> Tensor:
         """Metric with every edge *outside* ``keep[c]`` corrupted, per row ``c`` (``batch``
-        rows per forward; default :meth:`copies_per_forward`)."""
+        rows per forward; default :meth:`copies_per_forward`).
+
+        Identical rows run once, and two rows need no forward of their own: keeping every edge
+        is the clean run (:attr:`clean_value`), keeping none the every-edge-corrupted run
+        (:attr:`empty_value`, computed once per run). A faithfulness curve's random baselines
+        repeat both at its first and last sizes."""
+        keep = keep.to(torch.bool)
+        unique, inverse = torch.unique(keep, dim=0, return_inverse=True)
+        values = torch.empty(unique.shape[0], dtype=torch.float64)
+        every, none = unique.all(1), ~unique.any(1)
+        values[every] = self.clean_value
+        if bool(none.any()):
+            values[none] = self.empty_value
+        todo = (~every & ~none).nonzero().flatten()
         batch = batch or self.copies_per_forward()
-        out = []
-        for lo in range(0, keep.shape[0], batch):
-            rows = keep[lo:lo + batch]
-            coeffs = self.graph.dense((~rows).to(self.delta.dtype))
-            out.append(self.run_coeffs(coeffs)[0])
-        return torch.cat(out)
+        for lo in range(0, todo.numel(), batch):
+            rows = todo[lo:lo + batch]
+            coeffs = self.graph.dense((~unique[rows]).to(self.delta.dtype))
+            values[rows] = self.run_coeffs(coeffs)[0].cpu()
+        return values[inverse]
 
 
 #: the per-head input hooks of graph mode and the projection each feeds
@@ -575,6 +593,11 @@ class _CoeffHooks:
         self.buffer: Tensor | None = None
         self.filled = 0  # entries of ``written`` copied into the buffer
         self.flat_corr: Tensor | None = None  # ``w_corr`` as ``[sender, batch * pos * d]``
+        # a block's q, k and v inputs read the same senders' writes: one product serves the
+        # three (the buffer, the costly read, is read once): hook -> (the block's slots'
+        # columns, this slot's place among them); the product kept until the next block's
+        self.siblings: dict[str, tuple[list[int], slice]] = {}
+        self.shared: tuple[tuple[int, ...], int, Tensor] | None = None
 
     def hooks(self) -> list[tuple[str, HookFn]]:
         run, out = self.run, []
@@ -586,7 +609,34 @@ class _CoeffHooks:
                 out.append((Sender("neuron", layer).hook, self._on_post(layer)))
             if run._has_mlp(layer):
                 out.append((Sender("mlp", layer).write_hook, self._on_mlp(layer)))
-        return out + [(s.hook, self._inject(s)) for s in run.slots()]
+        slots = run.slots()
+        if self.buffered:
+            self._group_siblings(slots)
+        return out + [(s.hook, self._inject(s)) for s in slots]
+
+    def _group_siblings(self, slots: list[Slot]) -> None:
+        """Fill :attr:`siblings`: the per-head input slots of each block (q, k, v)."""
+        blocks: dict[str, list[Slot]] = {}
+        for slot in slots:
+            if slot.heads and not slot.broadcast:
+                blocks.setdefault(slot.hook.rsplit(".", 1)[0], []).append(slot)
+        for group in blocks.values():
+            cols = [c for slot in group for c in slot.cols]
+            first = 0
+            for slot in group:
+                self.siblings[slot.hook] = (cols, slice(first, first + len(slot.cols)))
+                first += len(slot.cols)
+
+    def _slot_injection(self, n_s: int, slot: Slot) -> Tensor:
+        """The slot's buffered injection, ``[copies * batch, pos, v, d]``: from the product
+        its block's q, k and v share, computed by the first of them to fire."""
+        if slot.hook not in self.siblings:
+            return self._buffered_injection(n_s, slot.cols)
+        cols, part = self.siblings[slot.hook]
+        key = tuple(cols)
+        if self.shared is None or self.shared[:2] != (key, n_s):
+            self.shared = (key, n_s, self._buffered_injection(n_s, cols))
+        return self.shared[2][:, :, part]
 
     def _entry(self, i: int) -> Tensor:
         """Entry ``i`` of ``written`` as writes (head results scaled once known)."""
@@ -690,7 +740,7 @@ class _CoeffHooks:
                 if not bool(live[:n_s].any()):
                     return act
                 self._fill()
-                inj = self._buffered_injection(n_s, slot.cols)
+                inj = self._slot_injection(n_s, slot)
                 new = act + (inj if slot.heads else inj[:, :, 0])
                 return new if _own_copy(slot.hook) else write_in_place(act, new)
             else:
