@@ -90,7 +90,7 @@ def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None
     from mechsink.experiments.script import parser_for, setting_help
 
     scripts = sorted((Path(__file__).resolve().parents[1] / "circuits").glob("*.py"))
-    assert len(scripts) == 10  # every experiment but p0_edges (run by `mechsink experiment`)
+    assert len(scripts) == 11  # every experiment but p0_edges (run by `mechsink experiment`)
     for path in scripts:
         experiment = get_experiment(path.stem)
         assert f'main("{path.stem}", __doc__)' in path.read_text()

@@ -9,6 +9,9 @@ docs build and the tests call the experiments directly.
 ``structural_origin``  why position 0 becomes the sink: variance discrepancy, super
                        neurons, moving the sink (Li, Jiang, Sun et al. 2026, "The Structural
                        Origin of Attention Sink")
+``sink_protocol``      Gu et al.'s sink-rate table (natural / random / repeated input, with
+                       and without BOS, T = 64, eps = 0.3) with intervals, the paper's rows
+                       quoted (Gu, Pang, Du et al. 2024, "When Attention Sink Emerges")
 ``p0_sink``            the P0-sink circuit by path patching (Peng, Li et al. 2026, "How
                        Attention Sinks Emerge in Large Language Models")
 ``p0_edges``           the P0-sink circuit as an edge graph (EAP-IG with the QK fix, exact
@@ -123,6 +126,7 @@ def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("structural_origin", "smollm2-135m"),
     Experiment("p0_sink", "smollm2-135m"),
+    Experiment("sink_protocol", "smollm2-135m"),
     Experiment("p0_edges", "smollm2-135m"),
     Experiment("gpt2_query_bias", "organism:bb-gpt2-tiny"),
     Experiment("query_bias_dose", "organism:bb-gpt2-tiny"),
