@@ -407,3 +407,128 @@ def weight_quantization_page(results: Mapping[str, Mapping[str, Any]]) -> str:
                      f"{p.get('seq_len')} tokens | {d.get('n_outliers_zeroed')} |")
     lines += ["", "Data: `docs/results/weight_quantization/<model>.json`.", ""]
     return "\n".join(lines)
+
+
+def sink_protocol_page(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Gu et al.'s sink-rate table for every committed model (the ``data`` of
+    :mod:`mechsink.experiments.sink_protocol`), in the published layout with the paper's rows
+    quoted, then the version without query 0."""
+    from mechsink.experiments.sink_protocol import PAPER, SUITES, percent, rate, table_lines
+
+    first = next(iter(results.values()))["settings"]
+    lines = ["# Sink rates under Gu et al.'s protocol", "",
+             f"The sink rate at key position 0 as {PAPER} measure it: the share of heads whose "
+             f"mean attention to the first token (queries i >= 0) exceeds eps = {first['eps']}, "
+             f"thresholded per sequence, at T = {first['seq_len']}, on natural text, random "
+             "tokens and one repeated token; each model with its BOS token first and without "
+             f"it. n = {first['n']} sequences per suite; in brackets the 95% interval over "
+             "sequences. The paper's rows are its own models (quoted, not measured here): the "
+             "same protocol, other weights. The paper finds that one repeated token removes the "
+             "sink of its LLaMA models; the rows above say where that holds here, with and "
+             "without BOS. A rate of 0.0 [0.0, 0.0] is the same value on every sequence.", "",
+             "Table: sink rate (%) at key 0, Gu's version.", "",
+             *table_lines(results), "",
+             "Table: sink rate (%) at key 0 without query 0 (queries i >= 1).", "",
+             "| model | first token | " + " | ".join(SUITES) + " |",
+             "|---|---|" + "---|" * len(SUITES)]
+    for model, d in results.items():
+        for variant, label in (("bos", "BOS"), ("nobos", "no BOS")):
+            if rate(d, SUITES[0], variant) is None:
+                continue
+            lines.append(f"| `{model}` | {label} | " + " | ".join(
+                percent(rate(d, s, variant, "sink_rate_no_self")) for s in SUITES) + " |")
+    lines += ["", "BOS tokens: " + ", ".join(
+        f"`{m}` {d['settings'].get('bos_token')!r}" for m, d in results.items()) + ".", "",
+        "Made by `mechsink experiment sink_protocol MODEL --out DIR` with "
+        f"`{cli_options({k: first[k] for k in ('n', 'seq_len', 'eps')})}`; data: "
+        "`docs/results/sink_protocol/<model>.json`.", ""]
+    return "\n".join(lines)
+
+
+SECONDARY_TOKENS = 8  # tokens named per model on the secondary-sink page
+
+
+def _census_runs(results: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str, Any]]:
+    for model, d in results.items():
+        for run in d["runs"]:
+            yield model, run
+
+
+def _token(text: str) -> str:
+    """A token as a table shows it: quoted, whitespace made visible, pipes escaped."""
+    shown = repr(text)[1:-1] if text.strip() != text or not text else text
+    return escape_cell_pipes(f"`{shown}`")
+
+
+def secondary_sinks_page(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Secondary sinks on the committed census extracts
+    (:func:`docs.build.results.census_extract`): how often a later key is a sink, how like the
+    first token its state is, whether the massive channels fire there, and which tokens."""
+    lines = ["# Secondary sinks: keys after position 0 that draw a sink", "",
+             "A key k >= 1 is a secondary sink in a layer when some head's mean attention to it "
+             "from the queries after it exceeds eps = 0.3 (Wong et al. 2026 find such sinks on "
+             "delimiter and punctuation tokens). Only keys with at least a quarter of the "
+             "sequence after them are scored: near the end a mean over a few queries is a "
+             "previous-token head, not a sink. Per model: the share of scored (sequence, key) "
+             "pairs that are a sink in some layer, how many such occurrences, over how many "
+             "layers on average, the cosine of their residual state to the first token's "
+             "(against other keys), and how often position 0's massive channels fire there.",
+             "", "Table: secondary sinks per model and input.", "",
+             "| model | input | rate | occurrences | mean layers | cosine to first (sinks / "
+             "others) | massive channels fire |", "|---|---|---|---|---|---|---|"]
+    for model, r in _census_runs(results):
+        s = r["secondary_sinks"]
+        cos = s.get("cosine_to_first") or {}
+        lines.append(f"| `{model}` | {r['suite']}, {r['variant']}, {r['n']} x {r['seq_len']} | "
+                     f"{fmt(s.get('rate'))} | {s.get('count')} | {fmt(s.get('mean_layers'))} | "
+                     f"{fmt(cos.get('sinks'))} / {fmt(cos.get('other'))} | "
+                     f"{s.get('massive_channels_fire')} |")
+    lines += ["", "Table: the tokens that most often become secondary sinks (times a sink / "
+              "times seen at a scored key).", "", "| model | tokens |", "|---|---|"]
+    for model, r in _census_runs(results):
+        toks = (r["secondary_sinks"].get("tokens") or [])[:SECONDARY_TOKENS]
+        cells = ", ".join(f"{_token(t['token'])} {t['sinks']}/{t['occurrences']}" for t in toks)
+        lines.append(f"| `{model}` | {cells or 'none'} |")
+    lines += ["", _census_made(results), ""]
+    return "\n".join(lines)
+
+
+def dormant_heads_page(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Active and dormant sink heads on the committed census extracts: the value-weighted
+    share of key 0 next to the attention-weight sink score (Guo et al. 2024)."""
+    lines = ["# Active and dormant sink heads", "",
+             "An attention-weight sink score says where a head looks, not what it writes. The "
+             "value-weighted share of key 0, mean over queries i >= 1 of ||A[i,0] v_0|| / "
+             "||sum_j A[i,j] v_j||, tells a head that parks its attention on the sink "
+             "(dormant: a sink by weight, share below 0.3) from one that uses it (active) "
+             "(Guo et al. 2024, \"Active-Dormant Attention Heads\"). Heads are classified per "
+             "sequence; the share below is over every (sequence, layer, head) that is a sink.",
+             "", "Table: sink heads per model: how many heads are sinks in at least half the "
+             "sequences, the share of sink heads that are dormant, and how many heads are "
+             "dormant in most of the sequences where they sink.", "",
+             "| model | input | sink rate | sink heads | dormant share | mostly dormant |",
+             "|---|---|---|---|---|---|"]
+    for model, r in _census_runs(results):
+        v = r["value_share"]
+        lines.append(f"| `{model}` | {r['suite']}, {r['variant']}, {r['n']} x {r['seq_len']} | "
+                     f"{fmt(r.get('sink_rate'))} | {v.get('sink_heads')} | "
+                     f"{fmt(v.get('dormant_share'))} | {v.get('mostly_dormant')} |")
+    lines += ["", "Table: the most dormant sink heads (layer.head: sink score, value share, "
+              "fraction of its sink sequences in which it is dormant).", "",
+              "| model | heads |", "|---|---|"]
+    for model, r in _census_runs(results):
+        heads = r["value_share"].get("heads") or []
+        cells = "; ".join(f"L{h['layer']}.H{h['head']}: {fmt(h['sink_score'])}, "
+                          f"{fmt(h['value_share'])}, {fmt(h['dormant_fraction'])}"
+                          for h in heads[:5])
+        lines.append(f"| `{model}` | {cells or 'none'} |")
+    lines += ["", _census_made(results), ""]
+    return "\n".join(lines)
+
+
+def _census_made(results: Mapping[str, Mapping[str, Any]]) -> str:
+    return ("Made by " + "; ".join(f"`{d['command']}`" for d in results.values())
+            + ". Data: `docs/results/census/<model>.json`, what "
+            "`docs.build.results.census_extract` keeps of each `census.json`. Qwen2.5 reads "
+            "its text without BOS, as its tokenizer does: with `<|endoftext|>` first its sink "
+            "rate drops to a few percent (the sink-protocol page).")

@@ -43,8 +43,10 @@ class Site:
 
     def committed_pages(self) -> set[str]:
         """The pages drawn from committed real-model results (no quick-build banner)."""
-        own = ({"findings/weight-quantization.md"}
-               if any((self.results_root() / "weight_quantization").glob("*.json")) else set())
+        own = {f"findings/{page}.md" for folder, page in (
+            ("weight_quantization", "weight-quantization"), ("sink_protocol", "sink-protocol"),
+            ("census", "secondary-sinks"), ("census", "dormant-heads"))
+            if any((self.results_root() / folder).glob("*.json"))}
         if self.atlas is None:
             return own
         from docs.build.atlas_pages import step_rows
@@ -251,7 +253,37 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
                           cross_model_page(site.census, flagged=flagged))
     atomic_write_text(folder / "index.md", index_page(entries))
     return [*nav, ("Across models: the first token", "findings/cross-model.md"),
-            *write_weight_quantization(site, src)]
+            *write_weight_quantization(site, src), *write_sink_protocol(site, src),
+            *write_census_pages(site, src)]
+
+
+def write_census_pages(site: Site, src: Path) -> list[tuple[str, str]]:
+    """The secondary-sink and dormant-head pages from the committed census extracts
+    (``docs/results/census/<model>.json``; none: no pages)."""
+    from docs.build.findings import dormant_heads_page, secondary_sinks_page
+
+    files = sorted((site.results_root() / "census").glob("*.json"))
+    if not files:
+        return []
+    data = {json.loads(f.read_text("utf-8"))["model"]: json.loads(f.read_text("utf-8"))
+            for f in files}
+    atomic_write_text(src / "findings" / "secondary-sinks.md", secondary_sinks_page(data))
+    atomic_write_text(src / "findings" / "dormant-heads.md", dormant_heads_page(data))
+    return [("Secondary sinks", "findings/secondary-sinks.md"),
+            ("Active and dormant sink heads", "findings/dormant-heads.md")]
+
+
+def write_sink_protocol(site: Site, src: Path) -> list[tuple[str, str]]:
+    """Gu et al.'s sink-rate table from the committed results
+    (``docs/results/sink_protocol/<model>.json``; none: no page)."""
+    from docs.build.findings import sink_protocol_page
+
+    files = sorted((site.results_root() / "sink_protocol").glob("*.json"))
+    if not files:
+        return []
+    data = {f.stem: json.loads(f.read_text("utf-8")) for f in files}
+    atomic_write_text(src / "findings" / "sink-protocol.md", sink_protocol_page(data))
+    return [("Sink rates under Gu et al.'s protocol", "findings/sink-protocol.md")]
 
 
 def write_weight_quantization(site: Site, src: Path) -> list[tuple[str, str]]:

@@ -286,3 +286,42 @@ def rerun_atlas(wanted: Mapping[str, Any], work: Path, root: Path = RESULTS,
     settings = {k: (list(v) if isinstance(v, tuple) else v) for k, v in wanted.items()}
     run(work_dir=work, **settings)
     return import_atlas(work, name=name, root=root)
+
+
+#: what a committed census extract keeps of a run (the pages on secondary sinks and on dormant
+#: heads read these; the rest of census.json, patterns and per-layer tables, stays out)
+CENSUS_EXTRACT_SCHEMA = "mechsink-docs-census-extract/1"
+SECONDARY_EXAMPLES = 5
+VALUE_SHARE_HEADS = 10
+
+
+def census_extract(census: Mapping[str, Any], command: str) -> dict[str, Any]:
+    """The secondary sinks and the value-weighted sink share of every run of a ``census.json``
+    (``mechsink scan``'s), with its settings and ``command``: small enough to commit."""
+    runs = []
+    for r in census["runs"]:
+        secondary = dict(r.get("secondary_sinks") or {})
+        secondary.pop("top_score", None)  # a [layer, position] table: the census keeps it
+        secondary["examples"] = list(secondary.get("examples") or [])[:SECONDARY_EXAMPLES]
+        heads = sorted(r.get("sink_heads_value_share") or [],
+                       key=lambda h: -float(h.get("dormant_fraction") or 0.0))
+        runs.append({
+            "suite": r["suite"], "variant": r["variant"], "n": r["n"], "seq_len": r["seq_len"],
+            "sink_rate": r.get("sink_rate"), "secondary_sinks": secondary,
+            "value_share": {"rule": r.get("value_share_rule"),
+                            "sink_heads": len(r.get("sink_heads_value_share") or []),
+                            "dormant_share": r.get("sink_heads_dormant_share"),
+                            "mostly_dormant": r.get("sink_heads_mostly_dormant"),
+                            "heads": heads[:VALUE_SHARE_HEADS]}})
+    return {"schema": CENSUS_EXTRACT_SCHEMA, "model": census["model"],
+            "mechsink_version": census.get("mechsink_version"), "command": command,
+            "settings": census["settings"], "runs": runs}
+
+
+def write_census_extract(census_json: str | Path, command: str, root: Path = RESULTS) -> Path:
+    """Write :func:`census_extract` of ``census_json`` to ``root/census/<model>.json``."""
+    data = json.loads(Path(census_json).read_text(encoding="utf-8"))
+    out = root / "census" / f"{str(data['model']).replace(':', '_').replace('/', '_')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, census_extract(data, command))
+    return out
