@@ -70,3 +70,14 @@ def test_the_extract_keeps_what_the_pages_read(tiny_census):
     assert run["value_share"]["sink_heads"] == len(full["sink_heads_value_share"])
     assert run["value_share"]["dormant_share"] == full["sink_heads_dormant_share"]
     assert len(json.dumps(d)) < len(json.dumps(full))
+
+
+def test_tokens_are_shown_as_code_never_as_html():
+    """A token such as Gemma's ``<bos>`` (or a hostile one) is a code span on the pages."""
+    from docs.build.findings import _token
+
+    assert _token("<bos>") == "`<bos>`"
+    assert _token("`<script>`") == "`'<script>'`"
+    assert _token("a|b") == "`a\\|b`"
+    page = sink_protocol_page(_load("sink_protocol"))
+    assert "`gemma3-270m` `<bos>`" in page

@@ -438,7 +438,9 @@ def sink_protocol_page(results: Mapping[str, Mapping[str, Any]]) -> str:
             lines.append(f"| `{model}` | {label} | " + " | ".join(
                 percent(rate(d, s, variant, "sink_rate_no_self")) for s in SUITES) + " |")
     lines += ["", "BOS tokens: " + ", ".join(
-        f"`{m}` {d['settings'].get('bos_token')!r}" for m, d in results.items()) + ".", "",
+        f"`{m}` " + ("none" if d["settings"].get("bos_token") is None
+                     else _token(d["settings"]["bos_token"])) for m, d in results.items())
+        + ".", "",
         "Made by `mechsink experiment sink_protocol MODEL --out DIR` with "
         f"`{cli_options({k: first[k] for k in ('n', 'seq_len', 'eps')})}`; data: "
         "`docs/results/sink_protocol/<model>.json`.", ""]
@@ -455,9 +457,11 @@ def _census_runs(results: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str
 
 
 def _token(text: str) -> str:
-    """A token as a table shows it: quoted, whitespace made visible, pipes escaped."""
+    """A token as a table shows it: in a code span (which Markdown escapes, so a token is never
+    read as HTML; a backtick inside would end the span and is shown as ``'``), whitespace made
+    visible, pipes escaped."""
     shown = repr(text)[1:-1] if text.strip() != text or not text else text
-    return escape_cell_pipes(f"`{shown}`")
+    return escape_cell_pipes("`" + shown.replace("`", "'") + "`")
 
 
 def secondary_sinks_page(results: Mapping[str, Mapping[str, Any]]) -> str:

@@ -111,7 +111,7 @@ def table_lines(results: Mapping[str, Mapping[str, Any]]) -> list[str]:
 def summary(data: Mapping[str, Any]) -> str:
     s = data["settings"]
     first = ("the tokenizer has no BOS token" if s.get("bos_token") is None
-             else f"BOS is {s['bos_token']!r}")
+             else "BOS is `" + str(s["bos_token"]).replace("`", "'") + "`")
     lines = [f"# Sink-rate protocol: {data['model']}", "",
              f"Sink rate at key position 0 (Gu's version: queries i >= 0), eps = {s['eps']}, "
              f"n = {s['n']} sequences of T = {s['seq_len']} tokens per suite, seed {s['seed']}, "
