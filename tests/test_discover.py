@@ -292,3 +292,23 @@ def test_methods_are_found_in_the_registry(llama_tiny):
         _REGISTRY.pop("by-sender")
     with pytest.raises(BadInputError, match="unknown method 'acdc': choose one of eap"):
         discover(llama_tiny, CLEAN, SinkScore(1), corrupted=CORR, method="acdc")
+
+
+def test_methods_declare_the_choices_the_command_line_checks():
+    """A method's named-value options are declared beside it; the discover job checks them
+    from the registry (no import of a method's module), and a method cannot declare choices
+    for an option it does not take."""
+    from mechsink.discover import register
+    from mechsink.discover.methods import METHODS, _REGISTRY, option_choices
+    from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
+    from mechsink.jobs.discover import Spec, check_choices
+    from mechsink.jobs.spec import SettingError
+
+    assert METHODS["eap-ig"].choices == {"ig": PATHS, "convention": CONVENTIONS}
+    assert option_choices() == {"ig": PATHS, "convention": CONVENTIONS}
+    with pytest.raises(ValueError, match="does not take"):
+        register("bad-choices", choices={"steps": ("a",)})(lambda run, *, ig="x": None)
+    assert "bad-choices" not in _REGISTRY
+    spec = Spec(metric="kl", ig="gradients")
+    with pytest.raises(SettingError, match="--ig must be inputs, activations or coefficients"):
+        check_choices(spec)

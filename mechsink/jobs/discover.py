@@ -87,7 +87,7 @@ def check_choices(spec: Spec) -> list[str]:
     :class:`~mechsink.jobs.spec.SettingError` naming the option); returns the curves' extra
     ablations."""
     from mechsink.discover import METHODS
-    from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
+    from mechsink.discover.methods import option_choices
     from mechsink.interventions.ablation import KINDS
 
     if spec.method not in METHODS:
@@ -100,8 +100,9 @@ def check_choices(spec: Spec) -> list[str]:
                                "curves" if a in extra else "ablation")
     if spec.corrupted and len(spec.corrupted) != len(spec.clean or []):
         raise SettingError("give one --corrupted prompt per --clean prompt.", "corrupted")
-    for key, value, allowed in (("ig", spec.ig, PATHS), ("select", spec.select, SELECTIONS),
-                                ("convention", spec.convention, CONVENTIONS)):
+    choices = {**option_choices(), "select": SELECTIONS}  # the methods declare theirs
+    for key, value, allowed in ((k, getattr(spec, k), choices[k])
+                                for k in ("ig", "select", "convention")):
         if value not in allowed:
             raise SettingError(f"--{key} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
                                f"got {value!r}.", key)

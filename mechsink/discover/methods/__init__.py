@@ -23,8 +23,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from mechsink.errors import BadInputError
@@ -32,10 +32,12 @@ from mechsink.errors import BadInputError
 
 @dataclass(frozen=True)
 class Method:
-    """A registered method: its ``name``, the function and the options it takes."""
+    """A registered method: its ``name``, the function, the options it takes and, for options
+    that take one of a few names, those names (``choices``: option -> allowed values)."""
 
     name: str
     fn: Callable[..., Any]
+    choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def options(self) -> tuple[str, ...]:
@@ -53,14 +55,35 @@ _REGISTRY: dict[str, Method] = {}
 _loaded = False
 
 
-def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register ``fn(run, **options) -> EdgeScores`` as method ``name`` (a decorator)."""
+def register(name: str, *, choices: Mapping[str, Sequence[str]] | None = None
+             ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register ``fn(run, **options) -> EdgeScores`` as method ``name`` (a decorator);
+    ``choices``: the values each option that takes a name allows (the command line and the
+    sweep check them before any model loads)."""
+    allowed = {k: tuple(v) for k, v in (choices or {}).items()}
+
     def add(fn: Callable[..., Any]) -> Callable[..., Any]:
         if name in _REGISTRY and _REGISTRY[name].fn is not fn:
             raise ValueError(f"a discovery method {name!r} is already registered.")
-        _REGISTRY[name] = Method(name, fn)
+        unknown = sorted(set(allowed) - set(Method(name, fn).options))
+        if unknown:
+            raise ValueError(f"method {name!r} declares choices for {', '.join(unknown)}, "
+                             "which it does not take.")
+        _REGISTRY[name] = Method(name, fn, allowed)
         return fn
     return add
+
+
+def option_choices() -> dict[str, tuple[str, ...]]:
+    """Every registered method's declared choices, option -> allowed values (one option
+    declared by two methods must allow the same values)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for method in METHODS.values():
+        for option, values in method.choices.items():
+            if out.setdefault(option, values) != values:
+                raise ValueError(f"option {option!r} allows {out[option]} in one method and "
+                                 f"{values} in {method.name!r}.")
+    return out
 
 
 def _load() -> None:
@@ -119,4 +142,5 @@ def options_for(method: str, options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k in wanted}
 
 
-__all__ = ["METHODS", "Method", "get", "options_for", "register", "score_edges"]
+__all__ = ["METHODS", "Method", "get", "option_choices", "options_for", "register",
+           "score_edges"]

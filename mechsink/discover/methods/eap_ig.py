@@ -69,7 +69,7 @@ def reference_alphas(ig: str, steps: int) -> list[float]:
     return [1.0 - k / steps for k in ks]
 
 
-@register("eap-ig")
+@register("eap-ig", choices={"ig": PATHS, "convention": CONVENTIONS})
 def eap_ig(run: GraphRun, *, steps: int = 5, ig: str = "activations", qk_fix: bool = True,
            verify: int = 20, edges: Sequence[int] | None = None,
            convention: str = "mechsink") -> EdgeScores:
