@@ -13,9 +13,7 @@ import torch.nn.functional as F
 
 from mechsink import load_model
 from mechsink.errors import BadInputError
-from mechsink.model import hf_model_of
-from mechsink.training.loop import get_recipe, train
-from mechsink.training.seedprint import (
+from mechsink.measure.seedprint import (
     contraction_stats,
     depth_preference,
     init_model,
@@ -23,6 +21,8 @@ from mechsink.training.seedprint import (
     residual_stack,
     scaled_weights,
 )
+from mechsink.model import hf_model_of
+from mechsink.training.loop import get_recipe, train
 
 
 def _hand_contraction(h: torch.Tensor) -> dict[str, float]:

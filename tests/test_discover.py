@@ -299,7 +299,7 @@ def test_methods_declare_the_choices_the_command_line_checks():
     from the registry (no import of a method's module), and a method cannot declare choices
     for an option it does not take."""
     from mechsink.discover import register
-    from mechsink.discover.methods import METHODS, _REGISTRY, option_choices
+    from mechsink.discover.methods import _REGISTRY, METHODS, option_choices
     from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
     from mechsink.jobs.discover import Spec, check_choices
     from mechsink.jobs.spec import SettingError

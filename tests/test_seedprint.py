@@ -10,9 +10,7 @@ import torch
 
 from mechsink import load_model
 from mechsink.errors import BadInputError
-from mechsink.model import hf_model_of
-from mechsink.training.loop import Recipe, train
-from mechsink.training.seedprint import (
+from mechsink.measure.seedprint import (
     contraction_direction,
     explained_fraction,
     init_model,
@@ -21,6 +19,8 @@ from mechsink.training.seedprint import (
     seedprint_test,
     token_preference,
 )
+from mechsink.model import hf_model_of
+from mechsink.training.loop import Recipe, train
 
 TINY = Recipe("sp-tiny", "llama", n_layers=1, d_model=32, n_heads=2, data="bigram-backcopy",
               seq_len=16, batch_size=8, steps=30, lr=3e-3, warmup=5)
@@ -92,7 +92,7 @@ def test_seedprint_separates_shared_from_different_initialisations(tmp_path):
 def test_calibrated_threshold_is_the_normal_quantile_of_the_null():
     from statistics import NormalDist, fmean, stdev
 
-    from mechsink.training.seedprint import calibrate_threshold
+    from mechsink.measure.seedprint import calibrate_threshold
 
     null = [1.0, 2.0, 3.0, 4.0, 5.0]
     cal = calibrate_threshold(null, alpha=0.01)
@@ -108,7 +108,7 @@ def test_calibrated_threshold_is_the_normal_quantile_of_the_null():
 def test_error_rate_interval_is_clopper_pearson(errors, n):
     from scipy.stats import binomtest
 
-    from mechsink.training.seedprint import error_rate
+    from mechsink.measure.seedprint import error_rate
 
     got = error_rate(errors, n)
     ci = binomtest(errors, n).proportion_ci(confidence_level=0.95, method="exact")

@@ -36,15 +36,15 @@ from mechsink.errors import BadInputError
 from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult, verdict_lines
 from mechsink.interventions.stats import bootstrap_interval
-from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.training.seedprint import (
+from mechsink.measure.seedprint import (
     contraction_direction,
     contraction_stats,
     depth_preference,
     residual_stack,
     scaled_weights,
 )
-from mechsink.training.seedprint import random_tokens as _random_tokens
+from mechsink.measure.seedprint import random_tokens as _random_tokens
+from mechsink.measure.sinks import DEFAULT_EPS
 
 FIGURE = "init_structure.png"
 SCHEMA = "mechsink-c7/2"

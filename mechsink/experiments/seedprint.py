@@ -24,9 +24,7 @@ import torch
 from mechsink.errors import BadInputError
 from mechsink.experiments.options import check_experiment_settings
 from mechsink.experiments.result import ExperimentResult
-from mechsink.model import load_model
-from mechsink.training.loop import Recipe, train
-from mechsink.training.seedprint import (
+from mechsink.measure.seedprint import (
     INIT_SCHEMES,
     calibrate_threshold,
     contraction_direction,
@@ -39,6 +37,8 @@ from mechsink.training.seedprint import (
     seedprint_test,
     token_preference,
 )
+from mechsink.model import load_model
+from mechsink.training.loop import Recipe, train
 
 SCHEMA = "mechsink-c7/1"
 

@@ -1,7 +1,8 @@
-"""Measurements: pure functions of cached activations (no model calls), one module each.
+"""Measurements, one module each: most are pure functions of cached activations; the few that
+run the model say so below.
 
-Each measurement module holds one measurement: its hook suffixes (``HOOKS``), a function of a
-cache (a mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of
+Each cache measurement module holds one measurement: its hook suffixes (``HOOKS``), a function
+of a cache (a mapping of hook name -> tensor) and a frozen result with ``merge`` (chunks of
 sequences) and ``to_dict`` (JSON). Around them:
 
 - :mod:`mechsink.measure.cache`: reading per-layer activations out of a cache (stacking the
@@ -11,8 +12,10 @@ sequences) and ``to_dict`` (JSON). Around them:
 - :mod:`mechsink.measure.registry`: the census's measurements, one entry each;
 - :mod:`mechsink.measure.census` and :mod:`mechsink.measure.timeline`: the census of a model
   and the sink measurements over a training run;
-- :mod:`mechsink.measure.logit_split`: exact splits of an attention logit into parts;
-  :mod:`mechsink.measure.query_bias`: the GPT-2 query-bias algebra.
+- :mod:`mechsink.measure.logit_split`: exact splits of an attention logit into parts (runs
+  the model); :mod:`mechsink.measure.query_bias`: the GPT-2 query-bias algebra;
+- :mod:`mechsink.measure.seedprint`: structure at random initialisation and the SeedPrint
+  identity test (builds and runs random-init models).
 """
 
 from mechsink.measure.keys import KeyBiasCosine, key_bias_cosine

@@ -1,7 +1,8 @@
 """Training lab: small organisms trained on CPU, deterministically and resumably.
 
 - :mod:`mechsink.training.loop`: recipes and the training loop (checkpoints at 0, 1, 2, 4, ...).
-- :mod:`mechsink.training.seedprint`: structure at random initialisation and the SeedPrint test.
+- structure at random initialisation and the SeedPrint test moved to
+  :mod:`mechsink.measure.seedprint` (``mechsink.training.seedprint`` still imports it).
 """
 
 from mechsink.training.loop import (
