@@ -428,3 +428,19 @@ def test_layer_stack_indexes_like_the_stacked_weights_without_copying(model_name
         lazy[torch.tensor([n_layers]), torch.tensor([0]), torch.tensor([0])]
     with pytest.raises(BadInputError, match="one shape"):
         LayerStack([torch.zeros(2), torch.zeros(3)])
+
+
+def test_next_token_loss_in_row_chunks_equals_one_cross_entropy():
+    """The loss is computed a few sequences at a time (memory); every sequence's value must be
+    what one cross-entropy over the whole batch gives, for a batch that is not a multiple."""
+    import torch.nn.functional as F
+
+    from mechsink.measure.loss import LOSS_ROWS, next_token_loss
+
+    gen = torch.Generator().manual_seed(0)
+    rows = 2 * LOSS_ROWS + 3
+    logits = torch.randn(rows, 7, 11, generator=gen)
+    tokens = torch.randint(0, 11, (rows, 7), generator=gen)
+    want = F.cross_entropy(logits[:, :-1].reshape(-1, 11), tokens[:, 1:].reshape(-1),
+                           reduction="none").view(rows, 6).mean(1)
+    torch.testing.assert_close(next_token_loss(tokens, logits), want)

@@ -28,7 +28,10 @@ from mechsink.model.precision import guard_overflow
 from mechsink.model.support import check_supported
 
 SPEEDUPS = {"stacked": True}  # False: one forward per edit list (the reference path)
-ROWS_PER_FORWARD = 64  # stacked rows (copies x prompts) per forward, at least batch_size
+# stacked rows (copies x prompts) per forward, at least batch_size: on a 2-core CPU a
+# forward of 64 rows x 64 tokens ran fewer tokens per second than one of 16 rows
+# (benchmarks/experiments.py --rows)
+ROWS_PER_FORWARD = 16
 BATCH_READERS = ("batch_mean", "resample")  # edits that read other sequences of the batch
 
 
