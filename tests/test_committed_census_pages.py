@@ -78,6 +78,31 @@ def test_tokens_are_shown_as_code_never_as_html():
 
     assert _token("<bos>") == "`<bos>`"
     assert _token("`<script>`") == "`'<script>'`"
-    assert _token("a|b") == "`a\\|b`"
+    assert _token("a|b") == "`a\\|b`" and _token("a|b", table=False) == "`a|b`"
     page = sink_protocol_page(_load("sink_protocol"))
     assert "`gemma3-270m` `<bos>`" in page
+
+
+def test_the_streaming_page_holds_every_model_and_setting():
+    from docs.build.findings import streaming_page
+    from docs.build.tables import fmt
+
+    results = {f.stem: json.loads(f.read_text())
+               for f in sorted((RESULTS / "streaming").glob("*.json"))}
+    assert set(results) == set(CENSUS_MODELS)
+    page = streaming_page(results)
+    for model, d in results.items():
+        assert d["schema"] == "mechsink-streaming/1" and f"## `{model}`" in page
+        removed = d["circuit_removed"]["table"]
+        for s in d["sinks"]:
+            row = " | ".join(f"{fmt(d['perplexity'][str(s)][str(w)])} / "
+                             f"{fmt(removed[str(s)][str(w)])}" for w in d["windows"])
+            assert f"| {s} | {row} |" in page
+
+
+def test_a_circuit_description_shows_neuron_counts_not_lists():
+    from docs.build.findings import _neuron_counts
+
+    text = "channel 5: zeroed neurons (MLP 1: [83, 12, 9]; MLP 2: [90]) at positions [0]"
+    assert _neuron_counts(text) == ("channel 5: zeroed neurons (MLP 1: 3 neurons; MLP 2: "
+                                    "1 neuron) at positions [0]")

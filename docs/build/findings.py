@@ -439,7 +439,8 @@ def sink_protocol_page(results: Mapping[str, Mapping[str, Any]]) -> str:
                 percent(rate(d, s, variant, "sink_rate_no_self")) for s in SUITES) + " |")
     lines += ["", "BOS tokens: " + ", ".join(
         f"`{m}` " + ("none" if d["settings"].get("bos_token") is None
-                     else _token(d["settings"]["bos_token"])) for m, d in results.items())
+                     else _token(d["settings"]["bos_token"], table=False))
+        for m, d in results.items())
         + ".", "",
         "Made by `mechsink experiment sink_protocol MODEL --out DIR` with "
         f"`{cli_options({k: first[k] for k in ('n', 'seq_len', 'eps')})}`; data: "
@@ -456,12 +457,13 @@ def _census_runs(results: Mapping[str, Mapping[str, Any]]) -> Iterator[tuple[str
             yield model, run
 
 
-def _token(text: str) -> str:
-    """A token as a table shows it: in a code span (which Markdown escapes, so a token is never
+def _token(text: str, *, table: bool = True) -> str:
+    """A token as a page shows it: in a code span (which Markdown escapes, so a token is never
     read as HTML; a backtick inside would end the span and is shown as ``'``), whitespace made
-    visible, pipes escaped."""
+    visible, pipes escaped in a table cell."""
     shown = repr(text)[1:-1] if text.strip() != text or not text else text
-    return escape_cell_pipes("`" + shown.replace("`", "'") + "`")
+    span = "`" + shown.replace("`", "'") + "`"
+    return escape_cell_pipes(span) if table else span
 
 
 def secondary_sinks_page(results: Mapping[str, Mapping[str, Any]]) -> str:
@@ -536,3 +538,64 @@ def _census_made(results: Mapping[str, Mapping[str, Any]]) -> str:
             "`docs.build.results.census_extract` keeps of each `census.json`. Qwen2.5 reads "
             "its text without BOS, as its tokenizer does: with `<|endoftext|>` first its sink "
             "rate drops to a few percent (the sink-protocol page).")
+
+
+def streaming_page(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Streaming perplexity per model (the ``streaming.json`` of ``mechsink streaming``): a
+    window of W recent tokens plus the first s kept, clean and with the sink circuit removed."""
+    lines = ["# Streaming: what the kept first tokens and the sink circuit are worth", "",
+             "StreamingLLM keeps the first tokens of a text in its KV window because evicting "
+             "them breaks the model (Xiao et al. 2024, \"Efficient Streaming Language Models "
+             "with Attention Sinks\"). Each token of the Wikipedia extract is predicted from the "
+             "first s tokens of the text followed by the W tokens before it, positions "
+             "re-assigned within the window (the window run afresh: the exact model of a cache "
+             "holding those s + W tokens). Every setting scores the same tokens, those where "
+             "every window is full. With the circuit removed, the complete super-neuron sets "
+             "that write the massive channel are zeroed at the window's position 0: whether "
+             "the kept tokens still help without the sink circuit tells whether the circuit is "
+             "what streaming relies on.", ""]
+    for model, d in results.items():
+        windows, sinks = d["windows"], d["sinks"]
+        removed = d.get("circuit_removed") or {}
+        table = removed.get("table")
+        lines += [f"## `{model}`", "",
+                  f"{d['n_tokens']} tokens, {d['scored']} scored (from token "
+                  f"{d['first_target']}); the whole text in one forward: perplexity "
+                  f"{fmt(d['dense_perplexity'])}"
+                  + (f", {fmt(removed['dense'])} with the circuit removed" if table else "")
+                  + ". First tokens kept: " + ", ".join(_token(t, table=False)
+                                                       for t in d["first_tokens"])
+                  + ".", "",
+                  "Table: perplexity per kept first tokens s (rows) and window W (columns)"
+                  + ("; clean / with the circuit removed." if table else "."), "",
+                  "| kept s | " + " | ".join(f"W = {w}" for w in windows) + " |",
+                  "|---|" + "---|" * len(windows)]
+        for s in sinks:
+            cells = []
+            for w in windows:
+                clean = fmt(d["perplexity"][str(s)][str(w)])
+                cells.append(f"{clean} / {fmt(table[str(s)][str(w)])}" if table else clean)
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        if table:
+            lines += ["", f"Circuit removed: {_neuron_counts(removed['description'])} (the "
+                      "neurons themselves are in the JSON)."]
+        elif removed.get("not_applicable"):
+            lines += ["", f"Circuit not removed: {removed['not_applicable']}"]
+        lines.append("")
+    lines += ["Made by `mechsink streaming MODEL --out DIR --n-tokens N --window W ...` with "
+              "each model's tokens and windows above, and `--no-bos` where its first tokens "
+              "show no BOS (Qwen2.5's tokenizer adds none); data: "
+              "`docs/results/streaming/<model>.json`.", ""]
+    return "\n".join(lines)
+
+
+def _neuron_counts(description: str) -> str:
+    """A circuit edit's description with each list of neuron numbers replaced by its count
+    (``MLP 3: [1414, 793, ...]`` -> ``MLP 3: 44 neurons``)."""
+    import re
+
+    def count(m: re.Match[str]) -> str:
+        n = len([x for x in m.group(2).split(",") if x.strip()])
+        return f"{m.group(1)}{n} neuron{'s' if n != 1 else ''}"
+
+    return re.sub(r"(MLP \d+: )\[([^\]]*)\]", count, description)

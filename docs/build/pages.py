@@ -45,7 +45,8 @@ class Site:
         """The pages drawn from committed real-model results (no quick-build banner)."""
         own = {f"findings/{page}.md" for folder, page in (
             ("weight_quantization", "weight-quantization"), ("sink_protocol", "sink-protocol"),
-            ("census", "secondary-sinks"), ("census", "dormant-heads"))
+            ("census", "secondary-sinks"), ("census", "dormant-heads"),
+            ("streaming", "streaming"))
             if any((self.results_root() / folder).glob("*.json"))}
         if self.atlas is None:
             return own
@@ -254,7 +255,20 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
     atomic_write_text(folder / "index.md", index_page(entries))
     return [*nav, ("Across models: the first token", "findings/cross-model.md"),
             *write_weight_quantization(site, src), *write_sink_protocol(site, src),
-            *write_census_pages(site, src)]
+            *write_census_pages(site, src), *write_streaming(site, src)]
+
+
+def write_streaming(site: Site, src: Path) -> list[tuple[str, str]]:
+    """The streaming page from the committed results (``docs/results/streaming/<model>.json``,
+    each the ``streaming.json`` of ``mechsink streaming``; none: no page)."""
+    from docs.build.findings import streaming_page
+
+    files = sorted((site.results_root() / "streaming").glob("*.json"))
+    if not files:
+        return []
+    data = {f.stem: json.loads(f.read_text("utf-8")) for f in files}
+    atomic_write_text(src / "findings" / "streaming.md", streaming_page(data))
+    return [("Streaming: the kept first tokens", "findings/streaming.md")]
 
 
 def write_census_pages(site: Site, src: Path) -> list[tuple[str, str]]:
