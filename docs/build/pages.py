@@ -43,11 +43,11 @@ class Site:
 
     def committed_pages(self) -> set[str]:
         """The pages drawn from committed real-model results (no quick-build banner)."""
-        own = {f"findings/{page}.md" for folder, page in (
-            ("weight_quantization", "weight-quantization"), ("sink_protocol", "sink-protocol"),
-            ("census", "secondary-sinks"), ("census", "dormant-heads"),
-            ("streaming", "streaming"))
-            if any((self.results_root() / folder).glob("*.json"))}
+        pages = {"weight_quantization": ("weight-quantization",),
+                 **{folder: tuple(p[0] for p in entries)
+                    for folder, entries in COMMITTED_PAGES.items()}}
+        own = {f"findings/{page}.md" for folder, names in pages.items() for page in names
+               if any((self.results_root() / folder).glob("*.json"))}
         if self.atlas is None:
             return own
         from docs.build.atlas_pages import step_rows
@@ -254,50 +254,42 @@ def write_findings(site: Site, src: Path) -> list[tuple[str, str]]:
                           cross_model_page(site.census, flagged=flagged))
     atomic_write_text(folder / "index.md", index_page(entries))
     return [*nav, ("Across models: the first token", "findings/cross-model.md"),
-            *write_weight_quantization(site, src), *write_sink_protocol(site, src),
-            *write_census_pages(site, src), *write_streaming(site, src)]
+            *write_weight_quantization(site, src), *write_committed_pages(site, src)]
 
 
-def write_streaming(site: Site, src: Path) -> list[tuple[str, str]]:
-    """The streaming page from the committed results (``docs/results/streaming/<model>.json``,
-    each the ``streaming.json`` of ``mechsink streaming``; none: no page)."""
-    from docs.build.findings import streaming_page
-
-    files = sorted((site.results_root() / "streaming").glob("*.json"))
-    if not files:
-        return []
-    data = {f.stem: json.loads(f.read_text("utf-8")) for f in files}
-    atomic_write_text(src / "findings" / "streaming.md", streaming_page(data))
-    return [("Streaming: the kept first tokens", "findings/streaming.md")]
+#: pages drawn from committed results beside the atlas: results folder -> (page slug, nav
+#: title, the :mod:`docs.build.findings` function that writes it from ``{model: data}``)
+COMMITTED_PAGES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "sink_protocol": (("sink-protocol", "Sink rates under Gu et al.'s protocol",
+                       "sink_protocol_page"),),
+    "census": (("secondary-sinks", "Secondary sinks", "secondary_sinks_page"),
+               ("dormant-heads", "Active and dormant sink heads", "dormant_heads_page")),
+    "streaming": (("streaming", "Streaming: the kept first tokens", "streaming_page"),),
+}
 
 
-def write_census_pages(site: Site, src: Path) -> list[tuple[str, str]]:
-    """The secondary-sink and dormant-head pages from the committed census extracts
-    (``docs/results/census/<model>.json``; none: no pages)."""
-    from docs.build.findings import dormant_heads_page, secondary_sinks_page
-
-    files = sorted((site.results_root() / "census").glob("*.json"))
-    if not files:
-        return []
-    data = {json.loads(f.read_text("utf-8"))["model"]: json.loads(f.read_text("utf-8"))
-            for f in files}
-    atomic_write_text(src / "findings" / "secondary-sinks.md", secondary_sinks_page(data))
-    atomic_write_text(src / "findings" / "dormant-heads.md", dormant_heads_page(data))
-    return [("Secondary sinks", "findings/secondary-sinks.md"),
-            ("Active and dormant sink heads", "findings/dormant-heads.md")]
+def committed_results(site: Site, folder: str) -> dict[str, Any]:
+    """``{model: data}`` of the committed ``docs/results/<folder>/*.json`` (empty: none)."""
+    out: dict[str, Any] = {}
+    for f in sorted((site.results_root() / folder).glob("*.json")):
+        data = json.loads(f.read_text("utf-8"))
+        out[str(data.get("model", f.stem))] = data
+    return out
 
 
-def write_sink_protocol(site: Site, src: Path) -> list[tuple[str, str]]:
-    """Gu et al.'s sink-rate table from the committed results
-    (``docs/results/sink_protocol/<model>.json``; none: no page)."""
-    from docs.build.findings import sink_protocol_page
+def write_committed_pages(site: Site, src: Path) -> list[tuple[str, str]]:
+    """Every page of :data:`COMMITTED_PAGES` whose results are committed (its nav entries)."""
+    from docs.build import findings
 
-    files = sorted((site.results_root() / "sink_protocol").glob("*.json"))
-    if not files:
-        return []
-    data = {f.stem: json.loads(f.read_text("utf-8")) for f in files}
-    atomic_write_text(src / "findings" / "sink-protocol.md", sink_protocol_page(data))
-    return [("Sink rates under Gu et al.'s protocol", "findings/sink-protocol.md")]
+    nav = []
+    for folder, pages in COMMITTED_PAGES.items():
+        data = committed_results(site, folder)
+        if not data:
+            continue
+        for page, title, writer in pages:
+            atomic_write_text(src / "findings" / f"{page}.md", getattr(findings, writer)(data))
+            nav.append((title, f"findings/{page}.md"))
+    return nav
 
 
 def write_weight_quantization(site: Site, src: Path) -> list[tuple[str, str]]:
