@@ -131,3 +131,34 @@ def test_discover_as_a_sweep_job_gives_what_the_command_gives(tmp_path) -> None:
     assert ours == theirs
     assert entry["edges"] == len(theirs["circuit"]["edges"])
     assert (swept / "circuit.png").is_file()
+
+
+def test_the_train_job_refuses_bad_values_before_the_run_folder_exists(tmp_path):
+    """``mechsink train``'s options are the train job's spec; each bad value is a one-line
+    SettingError naming its option, and nothing is written."""
+    from mechsink.jobs import train as train_job
+    from mechsink.jobs.spec import SettingError
+
+    out = tmp_path / "run"
+    bad = {"recipe": {"recipe": "no-such-recipe"}, "seed": {"seed": -1},
+           "steps": {"steps": 0}, "out": {"out": " "}}
+    for key, change in bad.items():
+        spec = train_job.Spec(**{"recipe": "bb-llama-tiny", "out": str(out), **change})
+        with pytest.raises(SettingError) as err:
+            train_job.check(spec)
+        assert err.value.key == key and "\n" not in str(err.value)
+    assert not out.exists()
+    train_job.check(train_job.Spec(recipe="bb-llama-tiny+hwrms", out=str(out)))
+
+
+def test_the_train_command_takes_its_defaults_and_help_from_the_spec():
+    from typer.testing import CliRunner
+
+    from mechsink.app.cli import app
+    from mechsink.jobs import train as train_job
+    from mechsink.jobs.spec import help_of
+
+    shown = " ".join(CliRunner().invoke(app, ["train", "--help"], terminal_width=200)
+                     .output.split())
+    assert help_of(train_job.Spec, "resume") in shown
+    assert "seed of the initialisation and of the batches" in shown

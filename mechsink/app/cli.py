@@ -20,6 +20,7 @@ from mechsink.jobs import census as census_job
 from mechsink.jobs import discover as discover_job
 from mechsink.jobs import experiment as experiment_job
 from mechsink.jobs import patch as patch_job
+from mechsink.jobs import train as train_job
 from mechsink.jobs.prompts import check_same_lengths
 from mechsink.jobs.spec import cli_name, default, help_of, parse_numbers
 
@@ -323,21 +324,20 @@ def scan(
 
 @app.command()
 def train(
-    recipe: str = typer.Argument(..., help="recipe name, e.g. bb-llama-tiny (add +hwrms)"),
-    out: str = typer.Option(..., "--out", help="run folder (new, or the run to resume)"),
-    steps: int | None = typer.Option(None, help="number of steps (default: the recipe's; "
-                                     "with --resume, give the run's own)"),
-    seed: int = typer.Option(0, help="seed of the initialisation and of the batches"),
-    resume: bool = typer.Option(False, "--resume", help="continue the run held in --out"),
+    recipe: str = typer.Argument(..., help=help_of(train_job.Spec, "recipe")),
+    out: str = typer.Option(..., "--out", help=help_of(train_job.Spec, "out")),
+    steps: int | None = typer.Option(default(train_job.Spec, "steps"),
+                                     help=help_of(train_job.Spec, "steps")),
+    seed: int = typer.Option(default(train_job.Spec, "seed"),
+                             help=help_of(train_job.Spec, "seed")),
+    resume: bool = typer.Option(default(train_job.Spec, "resume"), "--resume",
+                                help=help_of(train_job.Spec, "resume")),
 ) -> None:
     """Train an organism; checkpoints load as organism:OUT/step-N."""
-    from mechsink.training import loop as training
-
+    spec = train_job.Spec(recipe=recipe, out=out, steps=steps, seed=seed, resume=resume)
     try:
-        if out.strip() == "":
-            raise MechsinkError("--out is empty: give the run folder.")
-        settings.check_seed(seed)  # before the run folder is made or run.json written
-        folder = training.train(recipe, out, steps=steps, seed=seed, resume=resume)
+        train_job.check(spec)  # before the run folder is made or run.json written
+        folder = train_job.run(spec)
     except MechsinkError as exc:
         fail(exc)
     console.print(f"checkpoints in {folder}: load them as organism:{folder}/step-N")

@@ -17,6 +17,8 @@ sweep job is a module here and its name in :data:`JOBS`.
 ``experiment`` an experiment of :mod:`mechsink.experiments` (``mechsink experiment``)
 ``atlas``      one model's column of the atlas (sweep job ``atlas``)
 ``discover``   edge-level circuit discovery (``mechsink discover``; sweep job ``discover``)
+``train``      training an organism (``mechsink train``; not a sweep job: a resumable run
+               folder of its own)
 =============  ===============================================================================
 
 Importing this package (as the command line does) imports no torch.
