@@ -27,7 +27,7 @@ from typing import Any
 GIB = 2**30
 
 
-def _status(field: str) -> int:
+def status(field: str) -> int:
     """A ``/proc/self/status`` field in bytes (VmRSS, VmHWM)."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -48,15 +48,15 @@ class Phases:
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
-            before = _status("VmHWM")
+            before = status("VmHWM")
             reset_peak()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.peak[name] = max(self.peak.get(name, 0), _status("VmHWM"))
+                self.peak[name] = max(self.peak.get(name, 0), status("VmHWM"))
                 # keep the census-wide high-water mark: the phase's reset lowered it
                 self.peak["_census"] = max(self.peak.get("_census", 0), before,
-                                           _status("VmHWM"))
+                                           status("VmHWM"))
 
         return run
 
@@ -80,9 +80,9 @@ def main() -> int:
     from mechsink.model.zoo import load_model
 
     torch.set_num_threads(1)
-    start_rss = _status("VmRSS")
+    start_rss = status("VmRSS")
     model = load_model(args.model, device="cpu")
-    loaded, load_peak = _status("VmRSS"), _status("VmHWM")
+    loaded, load_peak = status("VmRSS"), status("VmHWM")
     phases = Phases()
     entries = [dataclasses.replace(e, measure=phases.wrap(e.name, e.measure))
                for e in CENSUS_MEASUREMENTS]
@@ -96,7 +96,7 @@ def main() -> int:
                                    progress=lambda *a: None)
     finally:
         census_mod.census_context = real_context
-    peak = max(_status("VmHWM"), phases.peak.pop("_census", 0))
+    peak = max(status("VmHWM"), phases.peak.pop("_census", 0))
     out = {
         "model": args.model, "code": str(Path(census_mod.__file__).parents[2]),
         "n": args.n, "seq_len": args.seq_len,

@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from discover import say, timed  # benchmarks/discover.py: the same progress line and timer
 
 from mechsink import load_model
 from mechsink.experiments import atlas, init_structure, query_bias_dose, structural_origin
@@ -46,16 +46,6 @@ from mechsink.interventions.stacked import ROWS_PER_FORWARD, SPEEDUPS
 from mechsink.io import atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
 from mechsink.model import query_bias
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    t = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - t
 
 
 def load() -> str:

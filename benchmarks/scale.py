@@ -40,6 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from census_memory import reset_peak, status  # benchmarks/census_memory.py: the same /proc reads
+
 GiB = 2**30
 STEPS = ("load", "scan", "patch", "path", "eap", "dose")
 CLEAN = "When Mary and John went to the store, John gave a drink to"
@@ -55,19 +57,6 @@ def llama3_8b_config(layers: int = 32) -> Any:
                        num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
                        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
                        tie_word_embeddings=False, bos_token_id=50256, eos_token_id=50256)
-
-
-def status(field: str) -> int:
-    """A ``/proc/self/status`` field in bytes (VmRSS, VmHWM)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def reset_peak() -> None:
-    """Reset the high-water mark to the current RSS (Linux 4.0+)."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def measured(name: str, fn: Callable[[], Any], weights: int, rows: list[dict]) -> Any:

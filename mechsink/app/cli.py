@@ -6,7 +6,7 @@ import contextlib
 import sys
 import time
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import typer
@@ -122,6 +122,31 @@ def _result_set(folder: Path) -> Iterator[Path]:
 def _final(staging: Path, folder: Path, paths: Iterable[Path]) -> list[Path]:
     """Where files written under ``staging`` lie once the result set is swapped in."""
     return [folder / Path(p).relative_to(staging) for p in paths]
+
+
+def _measure_and_write(model: str, device: str | None, folder: Path, what: str,
+                       measure: Callable[[typing.Any], dict[str, typing.Any]], name: str,
+                       figure: Callable[[dict[str, typing.Any], Path], Path]
+                       ) -> tuple[dict[str, typing.Any], list[Path]]:
+    """Under ``folder``'s lock: load ``model``, ``measure`` it (its JSON-able result), and
+    write ``NAME.json`` and ``NAME.png`` (``figure(data, path)``) as one result set; a mechsink
+    error is one line. Returns the data and the files written."""
+    from mechsink.io import atomic_write_json
+    from mechsink.model.zoo import load_model
+
+    with _locked(folder):
+        try:
+            with console.status(f"loading {model}"):
+                bridge = load_model(model, device=device)
+            with console.status(what):
+                data = measure(bridge)
+        except MechsinkError as exc:
+            fail(exc)
+        with _result_set(folder) as staging:
+            written = [atomic_write_json(staging / f"{name}.json", data),
+                       figure(data, staging / f"{name}.png")]
+            written = _final(staging, folder, written)
+    return data, written
 
 
 @app.command()
@@ -705,8 +730,7 @@ def streaming(
         check_streaming_args,
         streaming_perplexity,
     )
-    from mechsink.io import atomic_write_json, check_writable
-    from mechsink.model.zoo import load_model
+    from mechsink.io import check_writable
 
     windows, kept = tuple(window or DEFAULT_WINDOWS), tuple(sinks or DEFAULT_SINKS)
     try:
@@ -716,23 +740,14 @@ def streaming(
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
-    with _locked(folder):
-        try:
-            with console.status(f"loading {model}"):
-                bridge = load_model(model, device=device)
-            with console.status("streaming perplexity"):
-                result = streaming_perplexity(bridge, windows=windows, sinks=kept,
-                                              n_tokens=n_tokens, circuit=circuit,
-                                              model_name=model, bos=bos)
-        except MechsinkError as exc:
-            fail(exc)
-        data = result.to_dict()
-        with _result_set(folder) as staging:
-            from mechsink.viz.streaming import streaming_figure
+    from mechsink.viz.streaming import streaming_figure
 
-            written = [atomic_write_json(staging / "streaming.json", data),
-                       streaming_figure(data, staging / "streaming.png")]
-            written = _final(staging, folder, written)
+    data, written = _measure_and_write(
+        model, device, folder, "streaming perplexity",
+        lambda bridge: streaming_perplexity(bridge, windows=windows, sinks=kept,
+                                            n_tokens=n_tokens, circuit=circuit,
+                                            model_name=model, bos=bos).to_dict(),
+        "streaming", streaming_figure)
     table = Table(title=f"{model}: streaming perplexity ({data['scored']} tokens scored; "
                         f"whole text {data['dense_perplexity']:.3g})")
     table.add_column("kept s")
@@ -767,8 +782,7 @@ def weight_quant(
     (Yu et al. 2024): the next-token loss with the super weights quantized, kept in full
     precision, zeroed or kept alone, with intervals over prompts."""
     from mechsink.interventions.weight_quantization import weight_quantization
-    from mechsink.io import atomic_write_json, check_writable
-    from mechsink.model.zoo import load_model
+    from mechsink.io import check_writable
 
     try:
         if n < 1 or seq_len < 2:
@@ -778,22 +792,13 @@ def weight_quant(
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
-    with _locked(folder):
-        try:
-            with console.status(f"loading {model}"):
-                bridge = load_model(model, device=device)
-            with console.status("weight-only int4 losses"):
-                data = weight_quantization(bridge, n=n, seq_len=seq_len,
-                                           model_name=model).to_dict()
-        except MechsinkError as exc:
-            fail(exc)
-        with _result_set(folder) as staging:
-            from mechsink.viz.weight_quantization import weight_quantization_figure
+    from mechsink.viz.weight_quantization import weight_quantization_figure
 
-            written = [atomic_write_json(staging / "weight_quantization.json", data),
-                       weight_quantization_figure({model: data},
-                                                  staging / "weight_quantization.png")]
-            written = _final(staging, folder, written)
+    data, written = _measure_and_write(
+        model, device, folder, "weight-only int4 losses",
+        lambda bridge: weight_quantization(bridge, n=n, seq_len=seq_len,
+                                           model_name=model).to_dict(),
+        "weight_quantization", lambda d, path: weight_quantization_figure({model: d}, path))
     table = Table(title=f"{model}: next-token loss under weight-only int4")
     table.add_column("setting")
     table.add_column("loss")
