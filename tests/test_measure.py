@@ -360,6 +360,33 @@ def test_measure_forward_caches_only_what_is_asked_and_chunks_change_nothing(lla
     assert no_logits["logits"] is True
 
 
+@pytest.mark.parametrize("fixture", ["llama_tiny", "gpt2_tiny"])
+def test_cache_blocks_stops_before_the_unembedding_with_the_same_activations(fixture, request):
+    """The blocks-only run caches what the full run caches, and the final norm and the
+    unembedding never run (a hook on their outputs does not fire); no hook is left behind."""
+    from mechsink.model import cache_blocks
+
+    model = request.getfixturevalue(fixture)
+    tokens = make_prompts(model, "natural", "bos", n=3, seq_len=9, seed=1).tokens
+    n_layers = model.cfg.n_layers
+    names = [f"blocks.{layer}.{s}" for layer in range(n_layers)
+             for s in ("attn.hook_pattern", "hook_resid_post")]
+    with torch.no_grad():
+        _, full = model.run_with_cache(tokens, names_filter=names)
+    fired = []
+    late = [h for h in ("ln_final.hook_out", "ln_final.hook_normalized", "unembed.hook_out")
+            if h in model.hook_dict]
+    assert late
+    with torch.no_grad(), model.hooks(fwd_hooks=[(h, lambda a, hook: fired.append(hook.name))
+                                                 for h in late]):
+        got = cache_blocks(model, tokens, names)
+    assert fired == []
+    assert set(names) <= set(got)
+    for name in names:
+        torch.testing.assert_close(got[name], full[name], atol=0, rtol=0)
+    assert not any(hp.fwd_hooks for hp in model.hook_dict.values())
+
+
 def test_measure_forward_bad_input_is_refused_before_the_forward(llama_tiny):
     from mechsink.measure.forward import measure_forward, of_cache
 

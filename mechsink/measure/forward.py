@@ -21,7 +21,7 @@ from torch import Tensor
 from mechsink.errors import BadInputError
 from mechsink.measure.cache import CacheLike, StackedCache, hook_names
 from mechsink.measure.checks import check_batch_size
-from mechsink.model import true_dtype
+from mechsink.model import cache_blocks, true_dtype
 from mechsink.model.memory import memory_budget as memory_budget_of
 
 ChunkDone = Callable[[int, int], None]  # (sequences done, sequences in all)
@@ -130,12 +130,14 @@ def measure_forward(
     parts: dict[str, list[Any]] = {key: [] for key in measurements}
     for start in range(0, n, step):
         chunk = tokens[start:start + step]
-        logits, raw = model.run_with_cache(chunk, names_filter=names,
-                                           return_type="logits" if want_logits else None)
+        if want_logits:
+            logits, raw = model.run_with_cache(chunk, names_filter=names, return_type="logits")
+            tensors = {name: raw[name] for name in list(raw.keys())}
+            del raw
+        else:  # the blocks only: no final norm, no unembedding
+            logits, tensors = None, cache_blocks(model, chunk, names)
         # each hook held once, stacked over layers: the measurements read stacked() layers,
         # which would otherwise copy the cache once per measurement
-        tensors = {name: raw[name] for name in list(raw.keys())}
-        del raw
         cache = StackedCache.of(tensors, suffixes, n_layers)
         del tensors
         forward = Forward(chunk, start, cache, logits if want_logits else None)

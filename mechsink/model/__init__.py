@@ -45,6 +45,7 @@ _LAZY = {
     "capabilities": "mechsink.model.probes",
     "check_metric_supported": "mechsink.model.support",
     "check_seq_len": "mechsink.model.tokens",
+    "cache_blocks": "mechsink.model.forward",
     "check_supported": "mechsink.model.support",
     "check_tokens": "mechsink.model.tokens",
     "context_length": "mechsink.model.tokens",
@@ -111,8 +112,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",
-    "attention_scale", "block_norm", "bos_token_id", "capabilities", "check_metric_supported",
-    "check_seq_len",
+    "attention_scale", "block_norm", "bos_token_id", "cache_blocks", "capabilities",
+    "check_metric_supported", "check_seq_len",
     "check_supported", "check_tokens", "context_length", "down_projection",
     "down_projection_bias", "has_hook", "has_learned_sink", "head_output_weights", "hf_model_of",
     "hook_names", "is_bridge", "is_hooked_transformer", "key_bias", "key_weights", "list_models",
