@@ -21,8 +21,7 @@ from mechsink.jobs import discover as discover_job
 from mechsink.jobs import experiment as experiment_job
 from mechsink.jobs import patch as patch_job
 from mechsink.jobs import train as train_job
-from mechsink.jobs.prompts import check_same_lengths
-from mechsink.jobs.spec import cli_name, default, help_of, parse_numbers
+from mechsink.jobs.spec import cli_name, default, help_of
 
 app = typer.Typer(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
@@ -403,30 +402,18 @@ def patch(
     from mechsink.io import check_writable
     from mechsink.model import check_seq_len
     from mechsink.model import to_tokens as _to_tokens
-    from mechsink.model.memory import parse_size
     from mechsink.model.zoo import load_model
     from mechsink.model.zoo.devices import resolve_dtype
-    from mechsink.patching import activation_patch, parse_metric, parse_site
+    from mechsink.patching import activation_patch, parse_metric
 
+    spec = patch_job.Spec(site=site, metric=metric, key_position=key_position,
+                          direction=direction, normalize=normalize, prepend_bos=prepend_bos,
+                          memory_budget=memory_budget)
     try:  # every check that needs no model, before loading one
-        chosen = parse_numbers(layers, "--layers")
-        where = parse_numbers(positions, "--positions", "position")
-        the_site = parse_site(site, layers=chosen,
-                              **({} if where is None else {"positions": where}))
-        settings.check_text(clean, "--clean")
-        settings.check_text(corrupted, "--corrupted")
-        discover_job.check_no_empty_prompt([clean], [corrupted])
-        settings.check_metric(metric)  # bare logit_diff needs the model's predictions
-        patch_job.check_key_position(metric, key_position)
+        job = patch_job.check_command(spec, model, clean, corrupted, layers=layers,
+                                      positions=positions)
         resolve_dtype(dtype)
-        settings.check_direction(direction)
-        budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
-        check_context(model, 1, "--clean")  # the name, before the model loads
-        tok = settings.model_tokenizer(model)  # no weights needed
-        if tok is not None:
-            check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]},
-                                early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -439,11 +426,11 @@ def patch(
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
             the_metric = patch_job.at_key(parse_metric(metric, bridge, c, x), key_position,
-                                 c.shape[-1])
-            with console.status(f"patching {the_site.label}"):
-                result = activation_patch(bridge, c, x, the_site, the_metric,
+                                          c.shape[-1])
+            with console.status(f"patching {job.site.label}"):
+                result = activation_patch(bridge, c, x, job.site, the_metric,
                                           direction=direction, normalize=normalize,
-                                          memory_budget=budget)
+                                          memory_budget=job.memory_budget)
         except MechsinkError as exc:
             fail(exc)
         result.meta["model"] = model
