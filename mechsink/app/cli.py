@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 import typing
@@ -23,7 +24,32 @@ from mechsink.jobs import patch as patch_job
 from mechsink.jobs import train as train_job
 from mechsink.jobs.spec import cli_name, default, help_of
 
-app = typer.Typer(
+
+def flowing(doc: str | None) -> str | None:
+    """A docstring as help text: each paragraph on one line (paragraphs stay apart). typer keeps
+    a docstring's single line breaks in the command list and in later paragraphs, which printed
+    fragments such as ``--verify`` on a line of their own; one line per paragraph lets rich wrap
+    it to the terminal."""
+    if doc is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+class _App(typer.Typer):
+    """The command line's Typer: a command without ``help=`` gets :func:`flowing` of its
+    docstring, so no command's help breaks where its source lines do."""
+
+    def command(self, name: str | None = None, **options: typing.Any
+                ) -> Callable[[Callable[..., typing.Any]], Callable[..., typing.Any]]:
+        def register(f: Callable[..., typing.Any]) -> Callable[..., typing.Any]:
+            text = options.get("help")
+            return super(_App, self).command(
+                name, **{**options, "help": flowing(f.__doc__) if text is None else text})(f)
+
+        return register
+
+
+app = _App(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -155,7 +181,7 @@ def models(
 ) -> None:
     """List the zoo: names, architecture, parameter count and whether the weights are cached
     (a damaged conversion is not: it is rebuilt from its verified source on its next load),
-    and the leftovers of killed conversions (removed on that model's next load). ``--verify``
+    and the leftovers of killed conversions (removed on that model's next load). --verify
     says what each check compared the files with: their recorded sha256 (detects damage, not a
     deliberate rewrite) or the sha256 pinned in mechsink."""
     from mechsink.model.zoo import PATTERN_HELP, list_models
