@@ -169,8 +169,8 @@ def test_scan_writes_census_figures_and_an_offline_report(tmp_path):
 
 @pytest.mark.slow
 def test_smollm2_census_finds_massive_activations_at_position_0(smollm2):
-    c = census(smollm2, suites=("natural",), variants=("bos",), n=4, seq_len=64, batch_size=4,
-               validate_sets=False)  # the sets' validation: test_chain, test_structural_origin
+    # measurements only; the sets' validation (mechsink.jobs.census): test_chain
+    c = census(smollm2, suites=("natural",), variants=("bos",), n=4, seq_len=64, batch_size=4)
     run = c.run("natural", "bos")
     by_layer = [a for a in run.massive.activations("layer") if a.position == 0]
     assert by_layer, "no massive activation at position 0 (layer-median reference)"

@@ -302,7 +302,8 @@ def test_validate_sets_zeroes_the_set_and_a_random_twin_as_the_hand_computation(
 def test_the_census_says_which_block_carries_the_sink(planted, tokens):
     from mechsink.inputs.prompts import PromptSet
     from mechsink.interventions.set_validation import validate_sets
-    from mechsink.measure.census import census, census_json
+    from mechsink.jobs.census import census
+    from mechsink.measure.census import census_json
 
     named: list[str] = []
     c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)],
@@ -320,8 +321,26 @@ def test_the_census_says_which_block_carries_the_sink(planted, tokens):
 
 
 def test_the_census_says_why_no_set_could_be_validated(llama_tiny):
-    from mechsink.measure.census import census
+    from mechsink.jobs.census import census
 
     c = census(llama_tiny, ["random"], ["bos"], n=2, seq_len=8, progress=lambda *a: 0,
                validate_sets=True)
     assert set(c.to_dict()["super_neuron_causality"]) == {"not_applicable"}
+
+
+def test_the_sets_check_runs_on_the_census_own_prompts_and_refuses_a_census_without_them(
+        planted, tokens):
+    """Each run keeps its input tokens (the check reruns exactly those prompts); a census whose
+    runs lost them (built by hand, or from saved data) is refused, not checked on other text."""
+    from dataclasses import replace
+
+    from mechsink.inputs.prompts import PromptSet
+    from mechsink.jobs.census import set_causality
+    from mechsink.measure.census import census
+
+    c = census(planted, prompts=[PromptSet("natural", "bos", tokens, 0)], progress=lambda *a: 0)
+    assert torch.equal(c.runs[0].tokens, tokens) and "super_neuron_causality" not in c.to_dict()
+    assert set_causality(planted, c)["carrier_block"] == 0
+    bare = replace(c, runs=tuple(replace(r, tokens=None) for r in c.runs))
+    with pytest.raises(BadInputError, match="needs the census's prompts"):
+        set_causality(planted, bare)

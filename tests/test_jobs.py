@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from mechsink.app import cli
 from mechsink.app.sweep import load_spec, run_sweep
-from mechsink.errors import BadInputError
+from mechsink.errors import BadInputError, MechsinkError
 from mechsink.jobs import JOBS, census, discover, job, patch
 
 
@@ -162,3 +162,32 @@ def test_the_train_command_takes_its_defaults_and_help_from_the_spec():
                      .output.split())
     assert help_of(train_job.Spec, "resume") in shown
     assert "seed of the initialisation and of the batches" in shown
+
+
+def test_the_patch_command_checks_its_pair_in_the_job_before_any_model_loads(monkeypatch):
+    """``mechsink patch``'s model-free checks live in the patch job: the layers and positions
+    text parsed into the spec, the site and the budget parsed once, and each bad option one
+    error naming it, with no model loaded."""
+    import mechsink.model.zoo as zoo
+
+    monkeypatch.setattr(zoo, "load_model", lambda *a, **k: pytest.fail("a model loaded"))
+    spec = patch.Spec(site="z", metric="sink_score:1", key_position=1, memory_budget="2MiB")
+    checked = patch.check_command(spec, "random:gpt2-tiny", "The cat sat", "The dog sat",
+                                  layers="0,1", positions="0,2")
+    assert checked.spec.layers == (0, 1) and checked.spec.positions == (0, 2)
+    assert checked.site.layers == (0, 1) and checked.memory_budget == 2 * 2**20
+    assert (checked.clean, checked.corrupted) == ("The cat sat", "The dog sat")
+    for options, words in [
+        ({"layers": "a"}, "--layers takes comma-separated layer numbers"),
+        ({"positions": "-1"}, "--positions: position numbers start at 0"),
+        ({"spec": patch.Spec(metric="kl", key_position=1)}, "--key-position is the key"),
+        ({"spec": patch.Spec(direction="up")}, "--direction must be"),
+        ({"spec": patch.Spec(memory_budget="lots")}, "lots"),
+        ({"corrupted": " "}, "--corrupted prompt 1 is empty"),
+        ({"corrupted": "The big dog sat down"}, "same number of tokens"),
+        ({"model": "random:gpt2-huge"}, "unknown size 'huge'"),
+    ]:
+        given = {"spec": patch.Spec(), "model": "random:gpt2-tiny", "clean": "The cat sat",
+                 "corrupted": "The dog sat", **options}
+        with pytest.raises(MechsinkError, match=words):
+            patch.check_command(**given)

@@ -40,11 +40,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
 
 #: imports that run back up, known and to be removed: (importing module, imported room) -> why.
 #: The test fails when one of them no longer exists, so the list only shrinks.
-KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("mechsink.measure.census", "interventions"):
-        "census(validate_sets=True) runs the interventions' causal check of the super-neuron "
-        "sets; it goes when that step moves to the census job above the interventions",
-}
+KNOWN_EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 #: what any room may import from the package itself (``mechsink/__init__.py``, the lazy door
 #: above every room)

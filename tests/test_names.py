@@ -93,7 +93,7 @@ def test_check_refuses_what_the_model_lacks(gpt2_tiny):
 def test_the_table_counts_units_and_names_hooks_as_transformer_lens_does(llama_tiny):
     """Every kind's hook is get_act_name's, and its unit count is the size of that axis in
     the model's own activation (llama-tiny: 4 query heads, 2 KV heads)."""
-    from mechsink.discover.run import graph_mode
+    from mechsink.discover.graph_run import graph_mode
     from mechsink.names import KINDS, unit_count
 
     tokens, _ = _tokens(llama_tiny)

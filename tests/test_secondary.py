@@ -98,7 +98,7 @@ def test_secondary_sinks_are_in_the_census_with_token_names(llama_tiny):
     from mechsink.model import token_strings
 
     c = census(llama_tiny, ["natural"], ["bos"], n=3, seq_len=12, batch_size=2, seed=1,
-               eps=0.1, validate_sets=False)
+               eps=0.1)
     got = c.run("natural", "bos").secondary
     tokens = make_prompts(llama_tiny, "natural", "bos", n=3, seq_len=12, seed=1).tokens
     assert got.tokens == tuple(tuple(token_strings(llama_tiny, row)) for row in tokens)

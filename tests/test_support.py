@@ -93,7 +93,7 @@ def test_a_refusal_is_per_entry_point(tiny):
 
 def test_every_entry_point_refuses_before_any_forward(tiny):
     """The check is the first line: after the (cached) probes no forward runs at all."""
-    from mechsink.discover.run import GraphRun
+    from mechsink.discover.graph_run import GraphRun
     from mechsink.errors import BadInputError
     from mechsink.interventions.readout import measure
     from mechsink.measure.census import census

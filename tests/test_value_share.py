@@ -96,8 +96,7 @@ def test_value_share_bad_input():
 def test_value_share_is_in_the_census(llama_tiny):
     from mechsink.measure.census import census
 
-    c = census(llama_tiny, ["natural"], ["bos"], n=3, seq_len=8, batch_size=2, seed=1,
-               validate_sets=False)
+    c = census(llama_tiny, ["natural"], ["bos"], n=3, seq_len=8, batch_size=2, seed=1)
     run = c.run("natural", "bos")
     tokens = make_prompts(llama_tiny, "natural", "bos", n=3, seq_len=8, seed=1).tokens
     direct = value_shares(_cache(llama_tiny, tokens))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import time
 import typing
@@ -21,10 +22,34 @@ from mechsink.jobs import discover as discover_job
 from mechsink.jobs import experiment as experiment_job
 from mechsink.jobs import patch as patch_job
 from mechsink.jobs import train as train_job
-from mechsink.jobs.prompts import check_same_lengths
-from mechsink.jobs.spec import cli_name, default, help_of, parse_numbers
+from mechsink.jobs.spec import cli_name, default, help_of
 
-app = typer.Typer(
+
+def flowing(doc: str | None) -> str | None:
+    """A docstring as help text: each paragraph on one line (paragraphs stay apart). typer keeps
+    a docstring's single line breaks in the command list and in later paragraphs, which printed
+    fragments such as ``--verify`` on a line of their own; one line per paragraph lets rich wrap
+    it to the terminal."""
+    if doc is None:
+        return None
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(doc).split("\n\n"))
+
+
+class _App(typer.Typer):
+    """The command line's Typer: a command without ``help=`` gets :func:`flowing` of its
+    docstring, so no command's help breaks where its source lines do."""
+
+    def command(self, name: str | None = None, **options: typing.Any
+                ) -> Callable[[Callable[..., typing.Any]], Callable[..., typing.Any]]:
+        def register(f: Callable[..., typing.Any]) -> Callable[..., typing.Any]:
+            text = options.get("help")
+            return super(_App, self).command(
+                name, **{**options, "help": flowing(f.__doc__) if text is None else text})(f)
+
+        return register
+
+
+app = _App(
     help="mechsink: measure, trace and intervene on attention sinks (built on TransformerLens).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -156,7 +181,7 @@ def models(
 ) -> None:
     """List the zoo: names, architecture, parameter count and whether the weights are cached
     (a damaged conversion is not: it is rebuilt from its verified source on its next load),
-    and the leftovers of killed conversions (removed on that model's next load). ``--verify``
+    and the leftovers of killed conversions (removed on that model's next load). --verify
     says what each check compared the files with: their recorded sha256 (detects damage, not a
     deliberate rewrite) or the sha256 pinned in mechsink."""
     from mechsink.model.zoo import PATTERN_HELP, list_models
@@ -403,30 +428,18 @@ def patch(
     from mechsink.io import check_writable
     from mechsink.model import check_seq_len
     from mechsink.model import to_tokens as _to_tokens
-    from mechsink.model.memory import parse_size
     from mechsink.model.zoo import load_model
     from mechsink.model.zoo.devices import resolve_dtype
-    from mechsink.patching import activation_patch, parse_metric, parse_site
+    from mechsink.patching import activation_patch, parse_metric
 
+    spec = patch_job.Spec(site=site, metric=metric, key_position=key_position,
+                          direction=direction, normalize=normalize, prepend_bos=prepend_bos,
+                          memory_budget=memory_budget)
     try:  # every check that needs no model, before loading one
-        chosen = parse_numbers(layers, "--layers")
-        where = parse_numbers(positions, "--positions", "position")
-        the_site = parse_site(site, layers=chosen,
-                              **({} if where is None else {"positions": where}))
-        settings.check_text(clean, "--clean")
-        settings.check_text(corrupted, "--corrupted")
-        discover_job.check_no_empty_prompt([clean], [corrupted])
-        settings.check_metric(metric)  # bare logit_diff needs the model's predictions
-        patch_job.check_key_position(metric, key_position)
+        job = patch_job.check_command(spec, model, clean, corrupted, layers=layers,
+                                      positions=positions)
         resolve_dtype(dtype)
-        settings.check_direction(direction)
-        budget = None if memory_budget is None else parse_size(memory_budget)
         _check_device(device)
-        check_context(model, 1, "--clean")  # the name, before the model loads
-        tok = settings.model_tokenizer(model)  # no weights needed
-        if tok is not None:
-            check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]},
-                                early=True)
         folder = check_writable(out)
     except MechsinkError as exc:
         fail(exc)
@@ -439,11 +452,11 @@ def patch(
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
             the_metric = patch_job.at_key(parse_metric(metric, bridge, c, x), key_position,
-                                 c.shape[-1])
-            with console.status(f"patching {the_site.label}"):
-                result = activation_patch(bridge, c, x, the_site, the_metric,
+                                          c.shape[-1])
+            with console.status(f"patching {job.site.label}"):
+                result = activation_patch(bridge, c, x, job.site, the_metric,
                                           direction=direction, normalize=normalize,
-                                          memory_budget=budget)
+                                          memory_budget=job.memory_budget)
         except MechsinkError as exc:
             fail(exc)
         result.meta["model"] = model

@@ -1,10 +1,10 @@
 """Edge-level circuit discovery: the edge graph, EAP / EAP-IG / exact edge scores, AtP*'s QK
 fix, circuit selection and faithfulness curves.
 
-:class:`GraphRun` sets a call up once (tokens, metric, corruption); the methods of
-:mod:`mechsink.discover.methods` (one file each, registered by name: :func:`eap`,
-:func:`eap_ig`, :func:`exact_scores`; :func:`score_edges` calls one by name) score every
-edge; :mod:`mechsink.discover.circuit` picks and evaluates circuits,
+:class:`GraphRun` (:mod:`mechsink.discover.graph_run`) sets a call up once (tokens, metric,
+corruption); the methods of :mod:`mechsink.discover.methods` (one file each, registered by
+name: :func:`eap`, :func:`eap_ig`, :func:`exact_scores`; :func:`score_edges` calls one by
+name) score every edge; :mod:`mechsink.discover.circuit` picks and evaluates circuits,
 :mod:`mechsink.discover.curves` draws their curves with a random baseline,
 :mod:`mechsink.viz.discover` draws both; :func:`discover` does it all.
 """
@@ -20,12 +20,12 @@ from mechsink.discover.circuit import (
 from mechsink.discover.curves import Curve, auc, curve, default_sizes, sets_curve
 from mechsink.discover.export import load_edge_list, save_edge_list
 from mechsink.discover.graph import Graph, MetricPoint, metric_point, parse_neurons
+from mechsink.discover.graph_run import GraphRun, graph_mode
 from mechsink.discover.methods import METHODS, register, score_edges
 from mechsink.discover.methods.eap import eap
 from mechsink.discover.methods.eap_ig import eap_ig
 from mechsink.discover.methods.exact import exact_scores
 from mechsink.discover.pipeline import Discovery, discover
-from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.discover.scores import EdgeScores
 from mechsink.patching.nodes import Receiver, Sender
 

@@ -21,7 +21,7 @@ from jaxtyping import Bool
 from torch import Tensor
 
 from mechsink.discover.graph import Graph
-from mechsink.discover.run import GraphRun
+from mechsink.discover.graph_run import GraphRun
 from mechsink.discover.scores import EdgeScores, json_float
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_json

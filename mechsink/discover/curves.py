@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from mechsink.discover.circuit import faithfulness
-from mechsink.discover.run import GraphRun
+from mechsink.discover.graph_run import GraphRun
 from mechsink.errors import BadInputError
 
 

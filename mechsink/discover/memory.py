@@ -1,7 +1,7 @@
 """What an edge graph's run holds whatever its chunking, checked against the memory budget
 before any forward.
 
-A :class:`~mechsink.discover.run.GraphRun` keeps, for every token, every sender's write
+A :class:`~mechsink.discover.graph_run.GraphRun` keeps, for every token, every sender's write
 (``[batch, pos, sender, d_model]``): the clean writes, their corrupted-minus-clean ``delta``
 (a second copy where a post-attention norm is recomputed), the clean run's per-head results
 they are built from, and, while it is set up, the corrupted run's; a gradient method adds one

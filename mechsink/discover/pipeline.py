@@ -26,8 +26,8 @@ from mechsink.discover.circuit import (
 )
 from mechsink.discover.curves import Curve, curve, default_sizes
 from mechsink.discover.graph import Graph
+from mechsink.discover.graph_run import GraphRun
 from mechsink.discover.methods import get, options_for, score_edges
-from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, fmt, strict_json
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -141,8 +141,8 @@ def discover(
     ``target``; ``"greedy"``), and draw its faithfulness curve under the scoring corruption
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
     baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
-    neurons are graph nodes of their own (:class:`~mechsink.discover.run.GraphRun`; ``"super"``:
-    the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
+    neurons are graph nodes of their own (:class:`~mechsink.discover.graph_run.GraphRun`;
+    ``"super"``: the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
     points and sums as the reference implementation computes them
     (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers.
     ``memory_budget``: bytes (or ``"2GiB"``) the

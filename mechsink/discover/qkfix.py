@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from mechsink.discover import plain_grads
-from mechsink.discover.run import GraphRun, graph_mode
+from mechsink.discover.graph_run import GraphRun, graph_mode
 from mechsink.measure.wide import wide
 from mechsink.model import (
     act_name,

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from mechsink.discover import plain_grads
 from mechsink.discover.graph import Graph
+from mechsink.discover.graph_run import GraphRun
 from mechsink.discover.qkfix import qk_fixed
-from mechsink.discover.run import GraphRun
 from mechsink.errors import BadInputError, MechsinkWarning
 from mechsink.model import true_dtype
 from mechsink.model.precision import overflow_advice

@@ -10,7 +10,7 @@ from typing import Any
 
 from mechsink import settings
 from mechsink.errors import BadInputError
-from mechsink.jobs.spec import at, from_settings, setting, sweep_name, sweep_table
+from mechsink.jobs.spec import at, from_settings, parse_numbers, setting, sweep_name, sweep_table
 
 SITE_HELP = ("resid_pre|resid_mid|resid_post|attn_out|mlp_out|z|q|k|v|pattern|neuron, or any "
              "hook name (attn.hook_z, blocks.3.attn.hook_z, L3H5@0, MLP3), optionally _by_pos "
@@ -61,6 +61,47 @@ def check(spec: Spec, models: Sequence[str] = (), pairs: Sequence[Sequence[str]]
         at("metric", settings.check_metric, metric, model)
         at("pairs", settings.check_pair_lengths, model, pairs,
            f"prompt-pair file {spec.pairs}")
+
+
+@dataclass(frozen=True)
+class Command:
+    """``mechsink patch``'s one prompt pair, checked: the spec (its layers and positions
+    parsed), the site it patches and the memory budget in bytes (None: the device's share)."""
+
+    spec: Spec
+    clean: str
+    corrupted: str
+    site: Any  # a mechsink.patching site
+    memory_budget: int | None
+
+
+def check_command(spec: Spec, model: str, clean: str, corrupted: str, *,
+                  layers: str | None = None, positions: str | None = None) -> Command:
+    """Every check of ``mechsink patch`` that needs no weights, before any model loads: the
+    command line's ``layers`` / ``positions`` (comma-separated) and the site, the prompts (UTF-8,
+    not empty, of one token count with the zoo name ``model``'s tokenizer where it comes
+    without the weights), the metric and its key position, the direction, the memory budget,
+    and the name ``model`` itself. Errors name the command line's options."""
+    from mechsink.jobs.discover import check_no_empty_prompt
+    from mechsink.jobs.prompts import check_same_lengths
+    from mechsink.model.memory import parse_size
+    from mechsink.patching import parse_site
+
+    chosen = parse_numbers(layers, "--layers")
+    where = parse_numbers(positions, "--positions", "position")
+    site = parse_site(spec.site, layers=chosen, **({} if where is None else {"positions": where}))
+    settings.check_text(clean, "--clean")
+    settings.check_text(corrupted, "--corrupted")
+    check_no_empty_prompt([clean], [corrupted])
+    settings.check_metric(spec.metric)  # bare logit_diff needs the model's predictions
+    check_key_position(spec.metric, spec.key_position)
+    settings.check_direction(spec.direction)
+    budget = None if spec.memory_budget is None else parse_size(spec.memory_budget)
+    settings.check_context(model, 1, "--clean")  # the name, before the model loads
+    tok = settings.model_tokenizer(model)  # no weights needed
+    if tok is not None:
+        check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]}, early=True)
+    return Command(replace(spec, layers=chosen, positions=where), clean, corrupted, site, budget)
 
 
 def check_key_position(metric: str, key_position: int | None) -> None:

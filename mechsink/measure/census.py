@@ -99,9 +99,12 @@ class RunCensus:
     measurements: Mapping[str, Any]
     example: AttentionExample
     entries: tuple[CensusMeasurement, ...] = field(default=CENSUS_MEASUREMENTS, repr=False)
+    #: the run's input tokens [sequence, position], kept so that a later step (the sets' causal
+    #: check, :func:`mechsink.jobs.census.census`) runs on the same prompts; not in census.json
+    tokens: Tensor | None = field(default=None, repr=False, compare=False)
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("measurements", "entries"):  # probes before init
+        if name.startswith("__") or name in ("measurements", "entries", "tokens"):  # before init
             raise AttributeError(name)
         try:
             return self.measurements[name]
@@ -143,7 +146,8 @@ class Census:
     architecture: dict[str, Any]
     settings: dict[str, Any]
     runs: tuple[RunCensus, ...] = field(default_factory=tuple)
-    # which block's super-neuron set carries the sink (mechsink.interventions.set_validation)
+    # which block's super-neuron set carries the sink: set by mechsink.jobs.census.census
+    # (validate_sets=True), which runs mechsink.interventions.set_validation after the census
     super_neuron_causality: dict[str, Any] | None = None
 
     def run(self, suite: str, variant: str) -> RunCensus:
@@ -242,7 +246,6 @@ def census(
     model_name: str | None = None,
     progress: Progress | None = None,
     measurements: Sequence[CensusMeasurement] = CENSUS_MEASUREMENTS,
-    validate_sets: bool = False,
 ) -> Census:
     """Measure ``model`` on every suite x variant (or on the given ``prompts`` instead).
 
@@ -250,12 +253,9 @@ def census(
     threshold; ``batch_size`` sequences go through one forward (memory grows with it).
     ``measurements``: what each run measures (default: the registry; add an entry of your own
     with ``[*CENSUS_MEASUREMENTS, CensusMeasurement(...)]``).
-    ``validate_sets``: zero every named super-neuron set of one run (natural text first) and a
-    same-size random set of its block, and say which block's set carries the sink
-    (``super_neuron_causality``; 1 + 2 x sets forwards of up to 16 of that run's prompts). Off
-    by default: it is an intervention, not a measurement of the cache, and it cost most of a
-    census (220 s of 235 s on Qwen2.5-0.5B, n = 8, natural text, two first-token variants);
-    the structural-origin experiment and the atlas run it where a verdict rests on it.
+    The causal check of the super-neuron sets (``super_neuron_causality``) is an intervention,
+    not a measurement of the cache: :func:`mechsink.jobs.census.census` with
+    ``validate_sets=True`` runs it after this census.
     """
     check_supported(model, "census")
     entries = _check_measurements(measurements)
@@ -284,31 +284,8 @@ def census(
                 "seed": seed, "eps": eps, "key_position": 0, "batch_size": batch_size,
                 "dtype": str(true_dtype(model)).replace("torch.", ""),
                 "device": str(getattr(model.cfg, "device", "cpu") or "cpu")}
-    causality = None
-    if validate_sets:  # a step of its own after the runs: named while it runs, timed in a log
-        if progress is not None:
-            progress("validating super-neuron sets", 0, 1)
-        from mechsink.progress import phase
-
-        with phase("census: validating super-neuron sets"):
-            causality = _set_causality(model, runs, prompt_sets, eps, seed, batch_size)
     return Census(model_name or str(getattr(model.cfg, "model_name", "model")),
-                  architecture_summary(model), settings, runs, causality)
-
-
-def _set_causality(model: Any, runs: Sequence[RunCensus], prompt_sets: Sequence[PromptSet],
-                   eps: float, seed: int, batch_size: int) -> dict[str, Any]:
-    """The census's causal check of its super-neuron sets. It runs the model with edits, so it
-    lives with the interventions (imported here, the one place the census reaches up)."""
-    from mechsink.interventions.set_validation import census_validation
-    try:
-        return census_validation(model, runs, [p.tokens for p in prompt_sets], eps=eps,
-                                 seed=seed, batch_size=batch_size)
-    except BadInputError as exc:  # float16 overflow under the edits: stated, not a crash
-        if "float16, whose largest value" not in str(exc):  # precision.overflow_advice
-            raise
-        return {"not_applicable": f"the sets' causal check needs values beyond float16's "
-                                  f"range: {exc}"}
+                  architecture_summary(model), settings, runs)
 
 
 def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
@@ -416,7 +393,7 @@ def _run_one(
         torch.stack([example_pattern[layer, head] for layer, head, _ in top]).float(),
     )
     return RunCensus(prompts=prompts.to_dict(), measurements=merged, example=example,
-                     entries=entries)
+                     entries=entries, tokens=prompts.tokens)
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ input, the residual entering a block, or the metric). Both are named in
 is, for the two ways mechsink reaches it. Path patching sets what a sender *computes* and
 records and replaces what a receiver computes from its input; edge discovery reads what each
 sender *writes* (each head's own ``hook_result``) and injects into each receiver's own copy of
-the residual stream (``hook_q_input``, ``hook_mlp_in``, ... in :func:`~mechsink.discover.run.
+the residual stream (``hook_q_input``, ``hook_mlp_in``, ... in :func:`~mechsink.discover.graph_run.
 graph_mode`).
 """
 

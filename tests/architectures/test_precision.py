@@ -102,9 +102,9 @@ CORRUPTED[:, 3] = torch.tensor([30, 5])
 
 def _entry_points(model: Any, arch: str, dtype: str) -> dict[str, tuple[torch.Tensor, float]]:
     """quantity -> (values, the metric's largest |value| on the clean / corrupted runs)."""
+    from mechsink.discover.graph_run import GraphRun
     from mechsink.discover.methods.eap import eap
     from mechsink.discover.methods.exact import exact_scores
-    from mechsink.discover.run import GraphRun
     from mechsink.inputs.prompts import PromptSet
     from mechsink.interventions.readout import measure
     from mechsink.measure.census import census
@@ -184,8 +184,8 @@ def test_gradients_beyond_float16_are_an_error_naming_the_dtype(folders, arch):
     """A zero BOS embedding row (position 0 all zeros; RMSNorm then divides by its eps) puts
     layer 0's value-input gradient beyond 65504: EAP refuses, naming the dtype."""
     import mechsink
+    from mechsink.discover.graph_run import GraphRun
     from mechsink.discover.methods.eap import eap
-    from mechsink.discover.run import GraphRun
     from mechsink.errors import BadInputError
     from mechsink.patching import LogitDiff
 

@@ -1,7 +1,7 @@
 """Edge-scoring methods behind a registry, one file each (as auto-circuit's ``prune_algos/``).
 
 A method is a function ``fn(run, **options) -> EdgeScores`` registered by name with
-:func:`register`; it may use the :class:`~mechsink.discover.run.GraphRun` interface its
+:func:`register`; it may use the :class:`~mechsink.discover.graph_run.GraphRun` interface its
 docstring lists and the shared steps of :mod:`mechsink.discover.scores`. Every module of this
 package is imported when the registry is first read, so adding a method is adding one file:
 

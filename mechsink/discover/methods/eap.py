@@ -5,8 +5,8 @@ edge from one forward and one backward pass."""
 from __future__ import annotations
 
 from mechsink.discover import scores
+from mechsink.discover.graph_run import GraphRun
 from mechsink.discover.methods import register
-from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores
 
 

@@ -43,8 +43,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mechsink.discover import plain_grads, scores
+from mechsink.discover.graph_run import GraphRun, graph_mode
 from mechsink.discover.methods import register
-from mechsink.discover.run import GraphRun, graph_mode
 from mechsink.discover.scores import EdgeScores
 from mechsink.errors import BadInputError
 from mechsink.model import act_name

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import torch
 
+from mechsink.discover.graph_run import GraphRun
 from mechsink.discover.methods import register
-from mechsink.discover.run import GraphRun
 from mechsink.discover.scores import EdgeScores, result
 
 
