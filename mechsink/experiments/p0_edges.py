@@ -95,7 +95,7 @@ def edge_part(
 ) -> dict[str, Any]:
     """The edge circuit of the massive ``channel`` at position 0 after block ``layer``;
     ``neurons`` (layer -> indices, ``"super"`` or None) as in
-    :class:`~mechsink.discover.run.GraphRun`, the super-neuron sets found once for every
+    :class:`~mechsink.discover.graph_run.GraphRun`, the super-neuron sets found once for every
     ablation's graph."""
     metric = MassiveValue(layer, 0, channel)
     if neurons == "super":
@@ -168,7 +168,7 @@ def run(model: Any, *, model_name: str | None = None, n: int = 4, seq_len: int =
 
 
 def neuron_setting(neurons: Any) -> dict[int, list[int]] | str | None:
-    """The ``neurons`` setting as :class:`~mechsink.discover.run.GraphRun` takes it (a bad
+    """The ``neurons`` setting as :class:`~mechsink.discover.graph_run.GraphRun` takes it (a bad
     one is a one-line error before any work)."""
     if not isinstance(neurons, str):
         raise BadInputError(f"p0_edges --neurons must be 'super', 'none' or 'L<layer>:<n>,<n>', "
