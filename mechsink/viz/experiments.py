@@ -55,7 +55,8 @@ def plot_twins(result: dict[str, Any], path: str | Path) -> Path:
 @use_style
 def plot_sink_free(result: dict[str, Any], path: str | Path, metrics: dict[str, str]) -> Path:
     """Per task, one panel per measurement (``metrics``: key in an arm's ``final`` -> title):
-    each seed a dot, the mean a bar; and the sink timeline (largest sink score over
+    each seed a dot, the mean a bar (n/a where a seed's measurement did not apply); and the
+    sink timeline (largest sink score over
     checkpoints) of every arm, seed-averaged. Three panels a row, at page width."""
     tasks = result["tasks"]
     per_task = len(metrics) + 1
@@ -73,6 +74,10 @@ def plot_sink_free(result: dict[str, Any], path: str | Path, metrics: dict[str, 
         for ax, (metric, title) in zip(panels, metrics.items(), strict=False):
             for x, v in enumerate(names):
                 vals = [a["final"][metric] for a in task["arms"][v]]
+                if any(isinstance(val, dict) for val in vals):  # {"not_applicable": why}
+                    ax.text(x, 0, "n/a", ha="center", va="bottom", fontsize=MIN_FONT,
+                            transform=ax.get_xaxis_transform())
+                    continue
                 ax.bar(x, statistics.fmean(vals), color="0.8")
                 ax.scatter([x] * len(vals), vals, s=10, color="k", zorder=3)
             ax.set_xticks(range(len(names)), names, rotation=60, fontsize=MIN_FONT)
