@@ -4,8 +4,11 @@ Methods: twin organisms (same recipe, seed, batches and steps) with plain softma
 each sink-free variant (softmax1, sink logit, gated, softpick, sigmoid, key/value bias), over
 several seeds, on Bigram-Backcopy and on text; final loss, sink rate, largest sink score, largest
 residual magnitude and first-token norm ratio with their spread over seeds, and each arm's sink
-timeline. The computation is :func:`mechsink.experiments.sink_free.run`; the organisms are trained
-under OUT/runs (an interrupted run resumes, a finished one is reused).
+timeline; and, on each final checkpoint, streaming perplexity with a window of seq_len // 4
+tokens and 0 or 1 first tokens kept (Xiao et al. 2024) and the loss change under weight-only
+int4 round-to-nearest (Yu et al. 2024). The computation is
+:func:`mechsink.experiments.sink_free.run`; the organisms are trained under OUT/runs (an
+interrupted run resumes, a finished one is reused).
 
     python circuits/sink_free.py --out runs/sink_free [--recipes bb-llama-tiny text-llama-tiny]
         [--steps 6000 150] [--seeds 0 1 2] [--variants softmax1 softpick ...]
