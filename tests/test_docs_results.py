@@ -214,6 +214,8 @@ def test_an_import_at_new_settings_keeps_the_replaced_verdicts_and_the_page_list
     was = row["cells"]["C1"]["verdict"]
     row["cells"]["C1"]["verdict"] = "supported" if was != "supported" else "not supported"
     row["cells"]["C1"]["evidence"] = "ratio 9.99 (the earlier run)"
+    gone = {**row, "model": "qwen-gone", "folder": "qwen-gone-0"}
+    old["models"].append(gone)  # a model the new atlas does not hold
     path.write_text(json.dumps(old))
     results.import_atlas(atlas_run, root=root, commit="1" * 40)
     entry = results.read_manifest(root)["results"]["atlas"]
@@ -228,6 +230,7 @@ def test_an_import_at_new_settings_keeps_the_replaced_verdicts_and_the_page_list
         assert moved[0]["move"] == expected
     page = atlas_pages.changes_section(atlas)
     assert "{ #atlas-changes }" in page and "ratio 9.99" in page and "n = 4 prompts" in page
+    assert "`qwen-gone` is not in this atlas" in page and "qwen-gone`  |" not in page
     assert "(#atlas-changes)" in atlas_pages.home_section(atlas)
     results.import_atlas(atlas_run, root=root, commit="2" * 40)  # same settings: carried on
     again = results.load_atlas(TINY, root=root)

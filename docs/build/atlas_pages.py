@@ -187,28 +187,19 @@ def _move(before: str, after: str) -> str:
 
 
 def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
-    """Every cell whose verdict differs from the atlas this one replaced, in claim order:
-    claim, model, the verdicts and evidence before and now, and what the move means
-    (:func:`_move`); a model in only one of them is listed once per claim as added or
-    dropped."""
+    """Every cell of a model in both atlases whose verdict differs from the atlas this one
+    replaced, in claim order: claim, model, the verdicts and evidence before and now, and what
+    the move means (:func:`_move`)."""
     prev = atlas.previous
     if prev is None:
         return []
     out = []
-    now = {m["model"]: m["cells"] for m in atlas.data["models"]}
     for claim in atlas.data["claims"]:
-        for model in [*now, *(m for m in prev["cells"] if m not in now)]:
-            old = prev["cells"].get(model, {}).get(claim)
-            new = now.get(model, {}).get(claim)
-            if old is None or new is None:
-                out.append({"claim": claim, "model": model,
-                            "before": old["verdict"] if old else "-",
-                            "now": new["verdict"] if new else "-",
-                            "move": "model added" if old is None else "model dropped",
-                            "evidence_before": old["evidence"] if old else "",
-                            "evidence_now": new["evidence"] if new else ""})
-            elif old["verdict"] != new["verdict"]:
-                out.append({"claim": claim, "model": model, "before": old["verdict"],
+        for m in atlas.data["models"]:
+            old = prev["cells"].get(m["model"], {}).get(claim)
+            new = m["cells"].get(claim)
+            if old is not None and new is not None and old["verdict"] != new["verdict"]:
+                out.append({"claim": claim, "model": m["model"], "before": old["verdict"],
                             "now": new["verdict"], "move": _move(old["verdict"],
                                                                  new["verdict"]),
                             "evidence_before": old["evidence"],
@@ -218,26 +209,35 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
 
 def changes_section(atlas: CommittedAtlas) -> str:
     """Which verdicts changed from the atlas this one replaced (a finding that did not hold at
-    the new settings is listed as gone, not dropped), with both evidences ('' when no
-    earlier atlas was kept)."""
+    the new settings is listed as gone, not dropped), with both evidences, and the models only
+    one of the two holds, with their earlier verdicts ('' when no earlier atlas was kept)."""
     prev = atlas.previous
     if prev is None:
         return ""
     moved = changes(atlas)
-    both = [m for m in atlas.data["models"] if m["model"] in prev["cells"]]
-    compared = sum(1 for m in both for c in m["cells"] if c in prev["cells"][m["model"]])
-    changed = sum(1 for c in moved if c["move"] not in ("model added", "model dropped"))
+    now = {m["model"]: m for m in atlas.data["models"]}
+    compared = sum(1 for name, m in now.items() for c in m["cells"]
+                   if c in prev["cells"].get(name, {}))
     same_n = list_or(prev["settings"].get("n")) == list_or(atlas.data["settings"].get("n"))
+    before = _settings_text(prev["settings"])
     lines = ["## What changed from the previous atlas { #atlas-changes }", "",
-             f"The atlas before this one was made at {_settings_text(prev['settings'])} "
+             f"The atlas before this one was made at {before} "
              f"({str(prev.get('made') or '?')[:10]}); this one at "
              f"{_settings_text(atlas.data['settings'])}. Of the {compared} cells both hold, "
-             f"{compared - changed} kept their verdict. A verdict marked *gone* was a "
+             f"{compared - len(moved)} kept their verdict. A verdict marked *gone* was a "
              "finding before and is not supported now: "
              + ("at the larger sample it did not hold" if not same_n else
                 "it did not hold when measured again") + "; *new* is the reverse.", ""]
+    for name, cells in prev["cells"].items():
+        if name not in now:
+            lines += [f"`{name}` is not in this atlas (not run at its settings); its verdicts "
+                      f"at {before}: " + ", ".join(f"{claim} {cell['verdict']}"
+                                                  for claim, cell in cells.items()) + ".", ""]
+    added = [name for name in now if name not in prev["cells"]]
+    if added:
+        lines += ["New in this atlas: " + ", ".join(f"`{a}`" for a in added) + ".", ""]
     if not moved:
-        return "\n".join([*lines, "No verdict changed.", ""])
+        return "\n".join([*lines, "No verdict of a model in both changed.", ""])
     lines += ["Table: the verdicts that changed, with the evidence each rests on.", "",
               "| claim | model | before | now | change | evidence before | evidence now |",
               "|---|---|---|---|---|---|---|"]
