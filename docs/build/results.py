@@ -40,7 +40,7 @@ SCHEMA = "mechsink-docs-results/1"
 ATLAS_STEPS = ("structural_origin", "p0_sink", "query_bias_dose")
 STEP_MARKER = "atlas-step.json"
 ATLAS_CODE = ("atlas", *ATLAS_STEPS)  # the experiment modules an atlas runs
-SETTING_KEYS = ("models", "n", "seq_len", "seed", "eps")  # what decides the atlas's numbers
+SETTING_KEYS = ("models", "n", "seq_len", "seed", "eps", "n_census")  # what decides its numbers
 
 
 class RefusedError(MechsinkError):
@@ -199,7 +199,7 @@ def previous_verdicts(root: Path, name: str, settings: Mapping[str, Any]
         return None
     old = json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
     same = all(list_or(old["settings"].get(k)) == list_or(settings.get(k))
-               for k in (*SETTING_KEYS, "n_census") if k != "models")
+               for k in SETTING_KEYS if k != "models")
     if same:
         kept = folder / PREVIOUS_FILE
         return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
