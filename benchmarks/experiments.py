@@ -5,14 +5,19 @@ Not a timed test. Settings are the atlas's: ``--seq-len`` tokens, ``--n-census``
 the census-type steps (the first-token table, the variance discrepancy, C7's random input) and
 ``--n`` prompts for the intervention steps. For each step it prints mechsink's time, the
 **least work** (the forwards the step cannot avoid, at this machine's batched throughput: a
-plain forward of ``--rows`` sequences, no hooks, best of two, measured at the start and at the
-end, the faster kept) and the **efficiency** = least work / time:
+plain forward of ``--rows`` sequences through the blocks, no hooks and no unembedding, best of
+two, measured at the start and at the end, the faster kept) and the **efficiency** = least
+work / time:
 
 - first-token table: one forward per applicable suite x first-token variant (``--n-census``);
 - variance (C1): one forward on random and one on natural text (``--n-census``);
 - set validation (C2): the clean run and two zeroings per super-neuron set;
 - dose-response (C3): one forward per dose of the creating block's complete set;
 - structural origin (C4): the clean run and one forward per (position k, intervention, dose);
+- P0-sink circuit (C5): the blocks its runs go through, counted as they run (path patching
+  from each sender's layer, every component ablated alone, the greedy circuit search, the
+  channel's dose-response): every one of those runs is needed by its search, so the count is
+  its least work and the efficiency measures the cost per forward;
 - query-bias dose (C6), where the model has ``b_Q``: one forward per (part, dose);
 - C7 init structure: per random-init twin its build (timed here, counted as needed) and one
   forward of the random input, plus one forward of the second input set.
@@ -37,7 +42,7 @@ import torch
 from discover import say, timed  # benchmarks/discover.py: the same progress line and timer
 
 from mechsink import load_model
-from mechsink.experiments import atlas, init_structure, query_bias_dose, structural_origin
+from mechsink.experiments import atlas, init_structure, p0_sink, query_bias_dose, structural_origin
 from mechsink.inputs.prompts import SUITES, VARIANTS, make_prompts
 from mechsink.interventions import chain
 from mechsink.interventions.readout import massive_channel_sets
@@ -45,7 +50,7 @@ from mechsink.interventions.set_validation import validate_sets
 from mechsink.interventions.stacked import ROWS_PER_FORWARD, SPEEDUPS
 from mechsink.io import atomic_write_json
 from mechsink.measure.sinks import DEFAULT_EPS
-from mechsink.model import query_bias
+from mechsink.model import cache_blocks, query_bias
 
 
 def load() -> str:
@@ -53,7 +58,9 @@ def load() -> str:
 
 
 class Throughput:
-    """Tokens per second of a plain batched forward (no hooks) of ``rows`` sequences."""
+    """Tokens per second of a plain batched forward (no hooks) of ``rows`` sequences through
+    the blocks (no final norm, no unembedding: what a readout needs at least; a step that
+    reads the loss needs more, so its efficiency here is a lower bound)."""
 
     def __init__(self, model: Any, rows: int, seq_len: int) -> None:
         self.model = model
@@ -63,13 +70,40 @@ class Throughput:
 
     def measure(self) -> float:
         with torch.no_grad():
-            for _ in range(2):
-                _, t = timed(lambda: self.model(self.tokens))
+            for _ in range(2):  # the blocks only: the readouts need no unembedding
+                _, t = timed(lambda: cache_blocks(self.model, self.tokens, []))
                 self.best = max(self.best, self.tokens.numel() / t)
         return self.best
 
     def seconds(self, tokens: int) -> float:
         return tokens / self.best
+
+
+class BlockTokens:
+    """Counts the tokens every block processes while installed (a forward pre-hook per block):
+    a step's work in blocks, whatever layer its runs start at. ``forwards`` is that work in
+    full forwards' worth of tokens."""
+
+    def __init__(self, model: Any) -> None:
+        self.model, self.count, self.handles = model, 0, []
+
+    def __enter__(self) -> BlockTokens:
+        def hook(module: Any, args: tuple, kwargs: dict) -> None:
+            x = args[0] if args else next(iter(kwargs.values()))
+            self.count += int(x.shape[0]) * int(x.shape[1])
+
+        self.handles = [b.register_forward_pre_hook(hook, with_kwargs=True)
+                        for b in self.model.blocks]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self.handles:
+            h.remove()
+
+    @property
+    def tokens(self) -> int:
+        """The work in tokens of a full forward (block tokens / layers)."""
+        return self.count // len(self.model.blocks)
 
 
 def main() -> None:
@@ -135,6 +169,13 @@ def main() -> None:
          lambda: structural_origin.move_the_sink(model, tokens, sn, positions, batch_size=bs),
          (1 + c4_doses) * n * t_len, 0.0),
     ]
+    p0_work = BlockTokens(model)
+
+    def p0() -> Any:
+        with p0_work:
+            return p0_sink.run(model, n=n, seq_len=t_len, batch_size=bs)
+
+    steps.append(("c5", "P0-sink circuit (C5)", False, p0, 0, 0.0))
     if has_bq:
         steps.append(("c6", "query-bias dose (C6)", True, lambda: query_bias_dose.run(
             model, n=n, seq_len=t_len, batch_size=bs), 0, 0.0))
@@ -152,6 +193,8 @@ def main() -> None:
                 out, t = timed(fn)
             finally:
                 SPEEDUPS["stacked"] = True
+            if key == "c5":  # its blocks as run: every forward of its search is needed
+                least_tokens = p0_work.tokens
             if key == "c6":  # its forwards: one per (part, dose) that ran
                 least_tokens = sum(len(c["doses"]) for c in out.data["curves"].values()) \
                     * n * t_len

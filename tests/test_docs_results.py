@@ -196,3 +196,42 @@ def test_a_grid_cell_holds_one_key_number_with_its_interval() -> None:
     assert atlas_pages.grid_number(dosed) == "clean 0.480 [0.376, 0.543]"
     assert atlas_pages.grid_number("ratio 6.44 (uniform-mixing prediction 7.42); median 0.00"
                                    ) == "ratio 6.44; median 0.00"
+
+
+def test_an_import_at_new_settings_keeps_the_replaced_verdicts_and_the_page_lists_changes(
+        atlas_run: Path, tmp_path: Path) -> None:
+    """The committed atlas is made to look like one of other settings with one other verdict;
+    importing the run over it keeps its verdicts (previous.json, in the manifest), the page
+    lists exactly that cell with both evidences, and a rerun at the same settings carries the
+    record on instead of comparing with itself."""
+    root = tmp_path / "results"
+    results.import_atlas(atlas_run, root=root, commit="0" * 40)
+    assert not (root / "atlas" / results.PREVIOUS_FILE).exists()  # nothing before it
+    path = root / "atlas" / "atlas.json"
+    old = json.loads(path.read_text())
+    old["settings"]["n"] = 4
+    row = old["models"][0]
+    was = row["cells"]["C1"]["verdict"]
+    row["cells"]["C1"]["verdict"] = "supported" if was != "supported" else "not supported"
+    row["cells"]["C1"]["evidence"] = "ratio 9.99 (the earlier run)"
+    gone = {**row, "model": "qwen-gone", "folder": "qwen-gone-0"}
+    old["models"].append(gone)  # a model the new atlas does not hold
+    path.write_text(json.dumps(old))
+    results.import_atlas(atlas_run, root=root, commit="1" * 40)
+    entry = results.read_manifest(root)["results"]["atlas"]
+    assert results.PREVIOUS_FILE in entry["files"]
+    atlas = results.load_atlas(TINY, root=root)
+    assert atlas.previous["settings"]["n"] == 4
+    moved = atlas_pages.changes(atlas)
+    assert [(c["claim"], c["model"]) for c in moved] == [("C1", row["model"])]
+    assert moved[0]["before"] == row["cells"]["C1"]["verdict"] and moved[0]["now"] == was
+    expected = "gone" if was == "not supported" else "new" if was == "supported" else None
+    if expected:
+        assert moved[0]["move"] == expected
+    page = atlas_pages.changes_section(atlas)
+    assert "{ #atlas-changes }" in page and "ratio 9.99" in page and "n = 4 prompts" in page
+    assert "`qwen-gone` is not in this atlas" in page and "qwen-gone`  |" not in page
+    assert "(#atlas-changes)" in atlas_pages.home_section(atlas)
+    results.import_atlas(atlas_run, root=root, commit="2" * 40)  # same settings: carried on
+    again = results.load_atlas(TINY, root=root)
+    assert again.previous == atlas.previous

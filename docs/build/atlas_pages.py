@@ -14,7 +14,7 @@ from typing import Any
 
 from docs.build.cache import slug
 from docs.build.findings import BY_NAME, _cell, story
-from docs.build.results import STEP_MARKER, CommittedAtlas
+from docs.build.results import STEP_MARKER, CommittedAtlas, list_or
 
 NUM = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
 INTERVAL = re.compile(rf"{NUM} \[{NUM}, {NUM}\]")
@@ -141,6 +141,10 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
         lines.append(f"| [{claim}](#atlas-{claim.lower()}) | " + " | ".join(out) + " |")
     lines += ["", "The claims and their criteria (the verdicts above are judged by them):", "",
               *criteria]
+    if atlas.previous is not None:
+        lines += ["", f"The verdicts that changed from the previous atlas "
+                  f"({_settings_text(atlas.previous['settings'])}) are listed "
+                  "[at the end of this page](#atlas-changes)."]
     lines += ["", "The sink rate of every model on every prompt suite and first token is on "
               f"[the cross-model page]({prefix}findings/cross-model.md).", ""]
     return "\n".join(lines)
@@ -160,6 +164,88 @@ def evidence_section(atlas: CommittedAtlas) -> str:
                          f"Measured: {c['evidence']}.")
         lines.append("")
     return "\n".join(lines)
+
+
+#: how a verdict's move reads: a finding present before and absent now is gone
+STRENGTH = {"supported": 2, "partial": 1, "not supported": 0}
+
+
+def _settings_text(s: Mapping[str, Any]) -> str:
+    census = f", {s['n_census']} per suite for the census-type cells" if "n_census" in s else ""
+    return f"n = {s['n']} prompts of {s['seq_len']} tokens{census}"
+
+
+def _move(before: str, after: str) -> str:
+    """What a verdict's change means: gone (weaker, down to not supported), weaker, stronger,
+    new (from not supported), or a change of kind (to or from not applicable)."""
+    b, a = STRENGTH.get(before), STRENGTH.get(after)
+    if b is None or a is None:
+        return "not comparable"
+    if a < b:
+        return "gone" if a == 0 else "weaker"
+    return "new" if b == 0 else "stronger"
+
+
+def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
+    """Every cell of a model in both atlases whose verdict differs from the atlas this one
+    replaced, in claim order: claim, model, the verdicts and evidence before and now, and what
+    the move means (:func:`_move`)."""
+    prev = atlas.previous
+    if prev is None:
+        return []
+    out = []
+    for claim in atlas.data["claims"]:
+        for m in atlas.data["models"]:
+            old = prev["cells"].get(m["model"], {}).get(claim)
+            new = m["cells"].get(claim)
+            if old is not None and new is not None and old["verdict"] != new["verdict"]:
+                out.append({"claim": claim, "model": m["model"], "before": old["verdict"],
+                            "now": new["verdict"], "move": _move(old["verdict"],
+                                                                 new["verdict"]),
+                            "evidence_before": old["evidence"],
+                            "evidence_now": new["evidence"]})
+    return out
+
+
+def changes_section(atlas: CommittedAtlas) -> str:
+    """Which verdicts changed from the atlas this one replaced (a finding that did not hold at
+    the new settings is listed as gone, not dropped), with both evidences, and the models only
+    one of the two holds, with their earlier verdicts ('' when no earlier atlas was kept)."""
+    prev = atlas.previous
+    if prev is None:
+        return ""
+    moved = changes(atlas)
+    now = {m["model"]: m for m in atlas.data["models"]}
+    compared = sum(1 for name, m in now.items() for c in m["cells"]
+                   if c in prev["cells"].get(name, {}))
+    same_n = list_or(prev["settings"].get("n")) == list_or(atlas.data["settings"].get("n"))
+    before = _settings_text(prev["settings"])
+    lines = ["## What changed from the previous atlas { #atlas-changes }", "",
+             f"The atlas before this one was made at {before} "
+             f"({str(prev.get('made') or '?')[:10]}); this one at "
+             f"{_settings_text(atlas.data['settings'])}. Of the {compared} cells both hold, "
+             f"{compared - len(moved)} kept their verdict. A verdict marked *gone* was a "
+             "finding before and is not supported now: "
+             + ("at the larger sample it did not hold" if not same_n else
+                "it did not hold when measured again") + "; *new* is the reverse.", ""]
+    for name, cells in prev["cells"].items():
+        if name not in now:
+            lines += [f"`{name}` is not in this atlas (not run at its settings); its verdicts "
+                      f"at {before}: " + ", ".join(f"{claim} {cell['verdict']}"
+                                                  for claim, cell in cells.items()) + ".", ""]
+    added = [name for name in now if name not in prev["cells"]]
+    if added:
+        lines += ["New in this atlas: " + ", ".join(f"`{a}`" for a in added) + ".", ""]
+    if not moved:
+        return "\n".join([*lines, "No verdict of a model in both changed.", ""])
+    lines += ["Table: the verdicts that changed, with the evidence each rests on.", "",
+              "| claim | model | before | now | change | evidence before | evidence now |",
+              "|---|---|---|---|---|---|---|"]
+    for c in moved:
+        lines.append(f"| {c['claim']} | `{c['model']}` | {c['before']} | {c['now']} | "
+                     f"*{c['move']}* | {_cell(key_figure(c['evidence_before']))} | "
+                     f"{_cell(key_figure(c['evidence_now']))} |")
+    return "\n".join([*lines, ""])
 
 
 def _rate(v: Mapping[str, Any] | None) -> tuple[str, str | None]:

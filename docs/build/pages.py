@@ -385,9 +385,9 @@ def atlas_evidence(site: Site) -> str:
     """The home page's cell-by-cell evidence of the committed atlas ('' without one)."""
     if site.atlas is None:
         return ""
-    from docs.build.atlas_pages import evidence_section
+    from docs.build.atlas_pages import changes_section, evidence_section
 
-    return evidence_section(site.atlas)
+    return evidence_section(site.atlas) + "\n" + changes_section(site.atlas)
 
 
 def quick_banner(plan: Plan) -> str:

@@ -40,7 +40,7 @@ SCHEMA = "mechsink-docs-results/1"
 ATLAS_STEPS = ("structural_origin", "p0_sink", "query_bias_dose")
 STEP_MARKER = "atlas-step.json"
 ATLAS_CODE = ("atlas", *ATLAS_STEPS)  # the experiment modules an atlas runs
-SETTING_KEYS = ("models", "n", "seq_len", "seed", "eps")  # what decides the atlas's numbers
+SETTING_KEYS = ("models", "n", "seq_len", "seed", "eps", "n_census")  # what decides its numbers
 
 
 class RefusedError(MechsinkError):
@@ -180,6 +180,38 @@ def relative_command(command: str | None, folder: Path) -> str | None:
     return command
 
 
+PREVIOUS_FILE = "previous.json"  # the verdicts of the atlas an import replaced
+PREVIOUS_SCHEMA = "mechsink-atlas-previous/1"
+
+
+def previous_verdicts(root: Path, name: str, settings: Mapping[str, Any]
+                      ) -> dict[str, Any] | None:
+    """What an import of an atlas made with ``settings`` keeps of the committed one it replaces:
+    its settings, provenance and every cell's verdict, criterion and evidence, so the site can
+    say which verdicts changed (a finding gone at the new settings is shown as gone). When the
+    committed atlas has the same settings (a rerun), the record it kept is carried on; None
+    when there is nothing to compare with."""
+    from mechsink.experiments.atlas import RESULT_FILE
+
+    entry = read_manifest(root)["results"].get(name)
+    folder = Path(root) / name
+    if entry is None or not (folder / RESULT_FILE).is_file():
+        return None
+    old = json.loads((folder / RESULT_FILE).read_text(encoding="utf-8"))
+    same = all(list_or(old["settings"].get(k)) == list_or(settings.get(k))
+               for k in SETTING_KEYS if k != "models")
+    if same:
+        kept = folder / PREVIOUS_FILE
+        return json.loads(kept.read_text(encoding="utf-8")) if kept.is_file() else None
+    return {"schema": PREVIOUS_SCHEMA, "settings": old["settings"],
+            "made": entry.get("made"), "mechsink_commit": entry.get("mechsink_commit"),
+            "command": entry.get("command"),
+            "cells": {row["model"]: {claim: {k: cell.get(k) for k in
+                                             ("verdict", "criterion", "evidence")}
+                                     for claim, cell in row["cells"].items()}
+                      for row in old["models"]}}
+
+
 def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
                  commit: str | None = None) -> dict[str, Any]:
     """Copy the JSON of the finished atlas in ``src`` into ``root/name`` and record it in the
@@ -192,10 +224,14 @@ def import_atlas(src: str | Path, *, name: str = "atlas", root: Path = RESULTS,
     src, root = Path(src).resolve(), Path(root)
     found = atlas_files(src)
     s = found["data"]["settings"]
+    before = previous_verdicts(root, name, s)
     with atomic_dir(root / name, replace=True) as tmp:
         for rel in found["files"]:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src / rel, tmp / rel)
+        if before is not None:
+            atomic_write_json(tmp / PREVIOUS_FILE, before, sort_keys=True)
+            found["files"].append(PREVIOUS_FILE)
     entry = {
         "kind": "atlas", "command": relative_command(found["command"], src),
         "settings": {"models": [m["model"] for m in found["data"]["models"]],
@@ -226,6 +262,12 @@ class CommittedAtlas:
     data: dict[str, Any]
     entry: dict[str, Any]
     notes: list[str] = field(default_factory=list)  # what the build should say about it
+
+    @property
+    def previous(self) -> dict[str, Any] | None:
+        """The verdicts of the atlas this one replaced (:func:`previous_verdicts`), if kept."""
+        path = self.root / PREVIOUS_FILE
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
     def step(self, row: Mapping[str, Any], step: str) -> Path | None:
         """The folder of ``step`` for a model row when it holds a result, else None."""
