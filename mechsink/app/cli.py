@@ -478,10 +478,7 @@ STEP_LINE_AFTER = 5.0
 def _settings_help(name: str) -> str:
     """The settings of experiment ``name`` (from its ``run()`` signature and docstring), as
     ``mechsink experiment NAME --help`` lists them."""
-    import inspect
-
-    from mechsink.experiments import get_experiment, setting_type
-    from mechsink.experiments.script import setting_help
+    from mechsink.experiments import get_experiment
 
     experiment = get_experiment(name)
     head = (f"mechsink experiment {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
@@ -490,22 +487,7 @@ def _settings_help(name: str) -> str:
             f"mechsink experiment {name} --out DIR [SETTINGS]\n\n{name} takes no model (" + (
                 "it loads the ones --models names, one at a time" if "models" in
                 experiment.settings() else "it trains its own organisms under --out") + ").")
-    lines = [head, "", "settings (from its run()):"]
-    for key, param in experiment.settings().items():
-        if key in ("model_name", "work_dir"):
-            continue
-        kind, is_list = setting_type(param)
-        shape = f"{kind.__name__.upper()}{' ...' if is_list else ''}"
-        if param.default is inspect.Parameter.empty:
-            default = "required"
-        elif is_list:
-            default = "default: " + " ".join(map(str, param.default))
-        else:
-            default = f"default: {param.default}"
-        text = setting_help(experiment.run, key)
-        lines.append(f"  --{key.replace('_', '-')} {shape}  ({default})" + (f"  {text}" if text
-                                                                           else ""))
-    return "\n".join(lines)
+    return f"{head}\n\n{experiment.options_help()}"
 
 
 _EXPERIMENT_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True,
