@@ -430,7 +430,7 @@ def patch(
     from mechsink.model import to_tokens as _to_tokens
     from mechsink.model.zoo import load_model
     from mechsink.model.zoo.devices import resolve_dtype
-    from mechsink.patching import activation_patch, parse_metric
+    from mechsink.patching import activation_patch
 
     spec = patch_job.Spec(site=site, metric=metric, key_position=key_position,
                           direction=direction, normalize=normalize, prepend_bos=prepend_bos,
@@ -451,8 +451,9 @@ def patch(
             c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
-            the_metric = patch_job.at_key(parse_metric(metric, bridge, c, x), key_position,
-                                          c.shape[-1])
+            # parsed once (check_command); activation_patch checks it against the model and
+            # binds it to the runs it records (a bare logit_diff's tokens among them)
+            the_metric = patch_job.at_key(job.metric, key_position, c.shape[-1])
             with console.status(f"patching {job.site.label}"):
                 result = activation_patch(bridge, c, x, job.site, the_metric,
                                           direction=direction, normalize=normalize,
