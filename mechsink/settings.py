@@ -221,21 +221,18 @@ def check_site(site: str, layers: Sequence[int] | None = None) -> None:
 
 def read_metric(metric: str) -> Any:
     """The metric string parsed once, where it is received (:func:`mechsink.patching.
-    parse_metric`, its form checked), to be checked against each model without parsing it
-    again; None for a bare ``logit_diff``, which needs the model's predictions."""
+    parse_metric`, its form checked), to be checked against each model and handed to patching
+    without parsing it again (a bare ``logit_diff`` takes its tokens from the patched runs)."""
     from mechsink.patching import parse_metric
 
-    return None if metric.strip() == "logit_diff" else parse_metric(metric, None)
+    return parse_metric(metric, None)
 
 
 def check_metric(metric: Any, model: str | None = None) -> None:
     """A metric string :func:`mechsink.patching.parse_metric` knows (or one
-    :func:`read_metric` parsed); bare ``logit_diff`` needs the model's predictions and is
-    checked once it is loaded. With the zoo name ``model``, its layers, heads, channels and
+    :func:`read_metric` parsed). With the zoo name ``model``, its layers, heads, channels and
     token ids against the model's config."""
     parsed = read_metric(metric) if isinstance(metric, str) else metric
-    if parsed is None:
-        return
     sizes = None if model is None else model_sizes(model)
     if sizes is not None:
         try:

@@ -4,6 +4,7 @@ that save and load without a model, and `mechsink experiment` refusing bad input
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -87,29 +88,67 @@ def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None
     are run()'s settings with run()'s defaults, and run()'s docstring says what each one is."""
     import inspect
 
-    from mechsink.experiments.script import parser_for, setting_help
+    from mechsink.experiments.script import parse_args
 
     scripts = sorted((Path(__file__).resolve().parents[1] / "circuits").glob("*.py"))
     assert len(scripts) == 11  # every experiment but p0_edges (run by `mechsink experiment`)
     for path in scripts:
         experiment = get_experiment(path.stem)
         assert f'main("{path.stem}", __doc__)' in path.read_text()
-        settings = {k: p for k, p in experiment.settings().items()
-                    if k not in ("model_name", "work_dir")}
-        required = [a for k, p in settings.items() if p.default is inspect.Parameter.empty
-                    for a in ("--" + k.replace("_", "-"), "x")]
-        args = vars(parser_for(experiment, "d").parse_args(["--out", "o", *required]))
-        for key, param in settings.items():
-            assert setting_help(experiment.run, key), (path.stem, key)
-            if param.default is not inspect.Parameter.empty:
-                default = param.default
-                expected = list(default) if isinstance(default, tuple) else default
-                assert args[key] == expected, (path.stem, key)
+        options = experiment.options()
+        assert set(options) == set(experiment.settings()) - {"model_name", "work_dir"}
+        for key, option in options.items():
+            assert option.help, (path.stem, key)
+            assert option.default == experiment.settings()[key].default, (path.stem, key)
+        required = [a for k, o in options.items() if o.default is inspect.Parameter.empty
+                    for a in (o.flag, "x")]
+        args = parse_args(experiment, ["--out", "o", *required])
+        assert args["out"] == "o" and not set(args) & (set(options) - {"run_dir"})
         if experiment.needs_model:
             assert args["model"] == experiment.default_model and args["device"] == "cpu"
-    p0 = parser_for(get_experiment("p0_sink"), "d").parse_args(
-        ["--out", "o", "--doses", "0", "0.5", "1", "--layers", "3"])
-    assert p0.doses == [0.0, 0.5, 1.0] and p0.layers == 3
+    p0 = parse_args(get_experiment("p0_sink"), ["--out", "o", "--doses", "0", "0.5", "1",
+                                                "--layers=3", "--model", "random:gpt2-tiny"])
+    assert p0["doses"] == [0.0, 0.5, 1.0] and p0["layers"] == 3
+    assert p0["model"] == "random:gpt2-tiny" and p0["seed"] is None
+
+
+def test_a_script_and_the_command_parse_alike_and_fail_in_one_line(tmp_path: Path,
+                                                                  capsys) -> None:
+    """One parser: a circuits/ script refuses bad options with the messages `mechsink
+    experiment` gives, as one line on stderr (status 2), before any model loads."""
+    from mechsink.experiments.script import main
+
+    cases = [(["--seq-len", "abc"], "structural_origin --seq-len wants int values, got abc."),
+             (["--seq-len", "0"], "structural_origin --seq-len must be at least 1, got 0."),
+             (["--n", "1", "2"], "structural_origin --n takes one value, got 2."),
+             (["--seq", "8"], "structural_origin has no option --seq: its options are --n, "
+                              "--seq-len,")]
+    runner = CliRunner()
+    for given, message in cases:
+        with pytest.raises(SystemExit) as exit_:
+            main("structural_origin", "d", ["--out", str(tmp_path / "o"), *given])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+        cli = runner.invoke(app, ["experiment", "structural_origin", "random:gpt2-tiny",
+                                  "--out", str(tmp_path / "o"), *given])
+        assert cli.exit_code == 2 and message in " ".join(cli.output.split()), cli.output
+    with pytest.raises(SystemExit):
+        main("sink_timeline", "d", ["--out", str(tmp_path / "o")])
+    assert "sink_timeline needs --run-dir" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    # as a script on the command line: no traceback, and --help lists --out and the settings
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    script = [sys.executable, str(repo / "circuits" / "structural_origin.py")]
+    ran = subprocess.run([*script, "--out", str(tmp_path / "o"), "--seq-len", "0"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and "Traceback" not in ran.stderr
+    assert ran.stderr.strip() == "error: structural_origin --seq-len must be at least 1, got 0."
+    listed = subprocess.run([*script, "--help"], env=env, capture_output=True, text=True,
+                            timeout=120).stdout
+    assert "--out STR  (required)" in listed and "--model STR  (default: smollm2-135m)" in listed
+    assert "--positions INT ...  (default: 4 8 32)  positions k the sink is moved to" in listed
 
 
 # --- `mechsink experiment`: settings listed, given without a model, checked first (#29 11, 13) --

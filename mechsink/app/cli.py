@@ -430,7 +430,7 @@ def patch(
     from mechsink.model import to_tokens as _to_tokens
     from mechsink.model.zoo import load_model
     from mechsink.model.zoo.devices import resolve_dtype
-    from mechsink.patching import activation_patch, parse_metric
+    from mechsink.patching import activation_patch
 
     spec = patch_job.Spec(site=site, metric=metric, key_position=key_position,
                           direction=direction, normalize=normalize, prepend_bos=prepend_bos,
@@ -451,8 +451,9 @@ def patch(
             c = _to_tokens(bridge, clean, prepend_bos=prepend_bos)
             x = _to_tokens(bridge, corrupted, prepend_bos=prepend_bos)
             check_seq_len(bridge, max(c.shape[-1], x.shape[-1]))
-            the_metric = patch_job.at_key(parse_metric(metric, bridge, c, x), key_position,
-                                          c.shape[-1])
+            # parsed once (check_command); activation_patch checks it against the model and
+            # binds it to the runs it records (a bare logit_diff's tokens among them)
+            the_metric = patch_job.at_key(job.metric, key_position, c.shape[-1])
             with console.status(f"patching {job.site.label}"):
                 result = activation_patch(bridge, c, x, job.site, the_metric,
                                           direction=direction, normalize=normalize,
@@ -478,10 +479,7 @@ STEP_LINE_AFTER = 5.0
 def _settings_help(name: str) -> str:
     """The settings of experiment ``name`` (from its ``run()`` signature and docstring), as
     ``mechsink experiment NAME --help`` lists them."""
-    import inspect
-
-    from mechsink.experiments import get_experiment, setting_type
-    from mechsink.experiments.script import setting_help
+    from mechsink.experiments import get_experiment
 
     experiment = get_experiment(name)
     head = (f"mechsink experiment {name} [MODEL] --out DIR [SETTINGS]\n\nMODEL: a zoo name "
@@ -490,22 +488,7 @@ def _settings_help(name: str) -> str:
             f"mechsink experiment {name} --out DIR [SETTINGS]\n\n{name} takes no model (" + (
                 "it loads the ones --models names, one at a time" if "models" in
                 experiment.settings() else "it trains its own organisms under --out") + ").")
-    lines = [head, "", "settings (from its run()):"]
-    for key, param in experiment.settings().items():
-        if key in ("model_name", "work_dir"):
-            continue
-        kind, is_list = setting_type(param)
-        shape = f"{kind.__name__.upper()}{' ...' if is_list else ''}"
-        if param.default is inspect.Parameter.empty:
-            default = "required"
-        elif is_list:
-            default = "default: " + " ".join(map(str, param.default))
-        else:
-            default = f"default: {param.default}"
-        text = setting_help(experiment.run, key)
-        lines.append(f"  --{key.replace('_', '-')} {shape}  ({default})" + (f"  {text}" if text
-                                                                           else ""))
-    return "\n".join(lines)
+    return f"{head}\n\n{experiment.options_help()}"
 
 
 _EXPERIMENT_CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": True,

@@ -145,7 +145,8 @@ class GraphRun:
         tokens = engine.as_tokens(model, clean, prepend_bos=prepend_bos)
         batch, seq_len = tokens.shape
         self.positions = self._position_mask(positions, seq_len, abl)
-        (first_metric,), needs = engine.prepare_metrics(model, metric, seq_len)
+        prepared = engine.prepare_metrics(model, metric, seq_len)  # once: setup reuses it
+        (first_metric,) = prepared.metrics
         if isinstance(neurons, str):
             if neurons != "super":
                 raise BadInputError(f"neurons must map layers to neuron indices or be "
@@ -167,9 +168,9 @@ class GraphRun:
         names |= {n for layer in range(g.n_layers) for k in "qkv"
                   if (n := act_name(k, layer)) in known}
         with torch.no_grad(), graph_mode(model, inputs=False):
-            s = engine.setup(model, tokens, corrupted, first_metric, prepend_bos=prepend_bos,
+            s = engine.setup(model, tokens, corrupted, prepared, prepend_bos=prepend_bos,
                              keep={"clean": names, "corrupted": names},
-                             last_layer=engine.last_layer_read(model, needs))
+                             last_layer=prepared.last_layer)
         self.clean, self.needs, (self.metric,) = s.clean, s.needs, s.metrics
         self.tokens = s.clean.tokens
         self.clean_value = float(s.clean_values[0])

@@ -3,7 +3,8 @@ whose ``summary()`` and ``figure()`` are drawn from its JSON-able data, never fr
 
 The scripts in ``circuits/`` are methods sections over :func:`mechsink.experiments.script.main`,
 which takes their options and defaults from ``run()``'s signature; ``mechsink experiment NAME``, the
-docs build and the tests call the experiments directly.
+docs build and the tests call the experiments directly. Scripts and command parse the options
+with the one parser here (:meth:`Experiment.parse_settings`).
 
 =====================  ================================================================
 ``structural_origin``  why position 0 becomes the sink: variance discrepancy, super
@@ -44,7 +45,39 @@ from typing import Any
 from mechsink.errors import BadInputError
 from mechsink.experiments.result import ExperimentResult
 
-__all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult", "get_experiment"]
+__all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult", "Option", "get_experiment"]
+
+
+#: keywords of ``run()`` that are no option: the model argument, and the work folder (--out)
+NOT_OPTIONS = ("model_name", "work_dir")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option of an experiment (a ``run()`` setting, or a script's own
+    ``--out``/``--model``/...): its type, whether it takes a list, its default and help text."""
+
+    name: str  # the keyword, e.g. seq_len (--seq-len)
+    kind: type  # int, float or str: each value is converted with it
+    is_list: bool
+    default: Any  # inspect.Parameter.empty: required
+    help: str
+
+    @property
+    def flag(self) -> str:
+        """The option as typed on the command line (``seq_len`` -> ``--seq-len``)."""
+        return "--" + self.name.replace("_", "-")
+
+    def line(self) -> str:
+        """The option as ``--help`` lists it: ``--seq-len INT  (default: 64)  text``."""
+        if self.default is inspect.Parameter.empty:
+            default = "required"
+        elif self.is_list:
+            default = "default: " + " ".join(map(str, self.default))
+        else:
+            default = f"default: {self.default}"
+        shape = f"{self.kind.__name__.upper()}{' ...' if self.is_list else ''}"
+        return f"  {self.flag} {shape}  ({default})" + (f"  {self.help}" if self.help else "")
 
 
 @dataclass(frozen=True)
@@ -71,31 +104,51 @@ class Experiment:
         params = inspect.signature(self.run).parameters
         return {n: p for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
 
-    def parse_settings(self, args: Sequence[str]) -> dict[str, Any]:
-        """Command-line options (``--seq-len 32 --positions 8 16``) as ``run``'s settings, typed
-        by its signature; an unknown option or a bad value is a :class:`BadInputError`."""
-        known = self.settings()
-        given = ("model_name", "work_dir")  # the model argument; --out (locked, one writer)
-        out: dict[str, Any] = {}
+    def options(self) -> dict[str, Option]:
+        """``run``'s settings as command-line options (all but :data:`NOT_OPTIONS`), typed by
+        their annotations, with the help text ``run``'s docstring gives each."""
+        out: dict[str, Option] = {}
+        for key, param in self.settings().items():
+            if key not in NOT_OPTIONS:
+                kind, is_list = setting_type(param)
+                out[key] = Option(key, kind, is_list, param.default, setting_help(self.run, key))
+        return out
+
+    def parse_settings(self, args: Sequence[str],
+                       extra: Sequence[Option] = ()) -> dict[str, Any]:
+        """Command-line options (``--seq-len 32 --positions 8 16``, or ``--seq-len=32``) as
+        ``run``'s settings, typed by its signature, plus the ``extra`` options a caller adds
+        (a script's ``--out``); only the options given. The one parser of ``mechsink experiment``
+        and the ``circuits/`` scripts: an unknown option or a bad value is a
+        :class:`BadInputError` that names the option."""
+        known = {**self.options(), **{o.name: o for o in extra}}
+        out: dict[str, list[str]] = {}
         key: str | None = None
         for arg in args:
             if arg.startswith("--"):
-                key = arg[2:].replace("-", "_")
-                if key == "work_dir" and key in known:
-                    raise BadInputError(f"{self.name} has no option {arg}: it writes its "
+                flag, has_value, value = arg.partition("=")
+                key = flag[2:].replace("-", "_")
+                if key == "work_dir" and key in self.settings():
+                    raise BadInputError(f"{self.name} has no option {flag}: it writes its "
                                         "runs under --out (one folder, locked while it runs): "
                                         "give --out DIR.")
-                if key not in known or key in given:
-                    options = ", ".join("--" + k.replace("_", "-") for k in known
-                                        if k not in given)
-                    raise BadInputError(f"{self.name} has no option {arg}: its options are "
+                if key not in known:
+                    options = ", ".join(o.flag for o in known.values())
+                    raise BadInputError(f"{self.name} has no option {flag}: its options are "
                                         f"{options}.")
-                out[key] = []
+                out[key] = [value] if has_value else []
             elif key is None:
                 raise BadInputError(f"unexpected argument {arg!r}: give settings as --name value.")
             else:
                 out[key].append(arg)
-        return {k: _typed(self.name, k, known[k], v) for k, v in out.items()}
+        return {k: _typed(self.name, known[k], v) for k, v in out.items()}
+
+    def options_help(self, extra: Sequence[Option] = ()) -> str:
+        """The options ``extra`` and ``run``'s settings, one line each, as ``--help`` lists
+        them (``mechsink experiment NAME --help`` and the ``circuits/`` scripts alike)."""
+        own = [o.line() for o in extra] + [""] if extra else []
+        settings = [o.line() for o in self.options().values()]
+        return "\n".join([*own, "settings (from its run()):", *settings])
 
 
 def setting_type(param: inspect.Parameter) -> tuple[type, bool]:
@@ -108,17 +161,31 @@ def setting_type(param: inspect.Parameter) -> tuple[type, bool]:
     return kind, is_list
 
 
-def _typed(experiment: str, key: str, param: inspect.Parameter, values: list[str]) -> Any:
-    """``values`` converted to the type ``param``'s annotation names (one value or a list)."""
-    kind, is_list = setting_type(param)
-    option = "--" + key.replace("_", "-")
+def setting_help(run: Any, name: str) -> str:
+    """The text ``run``'s docstring gives ``name`` (after ``\\`\\`name\\`\\`:``, up to the first
+    ``;`` or sentence end outside parentheses), or "" when it gives none."""
+    doc = " ".join((inspect.getdoc(run) or "").split())
+    found = re.search(rf"``{re.escape(name)}``: ", doc)
+    if found is None:
+        return ""
+    depth, text = 0, doc[found.end():]
+    for i, ch in enumerate(text):
+        depth += (ch == "(") - (ch == ")")
+        if depth == 0 and (ch == ";" or (ch == "." and text[i + 1:i + 2] in ("", " "))):
+            return text[:i]
+    return text
+
+
+def _typed(experiment: str, option: Option, values: list[str]) -> Any:
+    """``values`` converted to ``option``'s type (one value or a list)."""
+    kind, is_list = option.kind, option.is_list
     if not values or (len(values) > 1 and not is_list):
-        raise BadInputError(f"{experiment} {option} takes {'values' if is_list else 'one value'}"
-                            f", got {len(values)}.")
+        raise BadInputError(f"{experiment} {option.flag} takes "
+                            f"{'values' if is_list else 'one value'}, got {len(values)}.")
     try:
         typed = [kind(v) for v in values]
     except ValueError:
-        raise BadInputError(f"{experiment} {option} wants {kind.__name__} values, got "
+        raise BadInputError(f"{experiment} {option.flag} wants {kind.__name__} values, got "
                             f"{' '.join(values)}.") from None
     return typed if is_list else typed[0]
 

@@ -3,86 +3,81 @@
 Every keyword setting of ``run()`` is an option (``seq_len`` -> ``--seq-len``) with the type its
 annotation names, a list where it takes a ``Sequence``, the signature's default and the help
 text ``run()``'s docstring gives it (``\\`\\`name\\`\\`: text;``); so a script cannot drift from
-the function it describes. ``--out`` is the result folder (and the work folder of experiments
-that train their own organisms); experiments that take a model add ``--model`` (default: the
-experiment's), ``--seed`` (weights of ``random:`` models) and ``--device`` (default: cpu).
+the function it describes. The options are parsed by :meth:`Experiment.parse_settings`, the
+parser of ``mechsink experiment NAME``: the same names, types and messages. ``--out`` is the
+result folder (and the work folder of experiments that train their own organisms); experiments
+that take a model add ``--model`` (default: the experiment's), ``--seed`` (weights of
+``random:`` models) and ``--device`` (default: cpu). A bad option or setting is one line on
+stderr and exit status 2, as for ``mechsink``.
 """
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import re
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mechsink.experiments import Experiment, get_experiment, setting_type
+from mechsink.errors import BadInputError, MechsinkError
+from mechsink.experiments import Experiment, Option, get_experiment
 from mechsink.experiments.result import ExperimentResult
 
-_NOT_OPTIONS = ("model_name", "work_dir")  # given by --model and --out
+_EMPTY = inspect.Parameter.empty
 
 
-def setting_help(run: Any, name: str) -> str:
-    """The text ``run``'s docstring gives ``name`` (after ``\\`\\`name\\`\\`:``, up to the first
-    ``;`` or sentence end outside parentheses), or "" when it gives none."""
-    doc = " ".join((inspect.getdoc(run) or "").split())
-    found = re.search(rf"``{re.escape(name)}``: ", doc)
-    if found is None:
-        return ""
-    depth, text = 0, doc[found.end():]
-    for i, ch in enumerate(text):
-        depth += (ch == "(") - (ch == ")")
-        if depth == 0 and (ch == ";" or (ch == "." and text[i + 1:i + 2] in ("", " "))):
-            return text[:i]
-    return text
-
-
-def parser_for(experiment: Experiment, description: str) -> argparse.ArgumentParser:
-    """An argument parser whose options are ``experiment.run``'s settings (see module doc)."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--out", type=Path, required=True,
-                        help="folder for result.json, figures and summary.md")
+def script_options(experiment: Experiment) -> list[Option]:
+    """The options a ``circuits/`` script takes besides ``run()``'s settings: ``--out``, and
+    ``--model``, ``--seed``, ``--device`` where the experiment takes a model."""
+    own = [Option("out", str, False, _EMPTY, "folder for result.json, figures and summary.md")]
     if experiment.needs_model:
-        parser.add_argument("--model", default=experiment.default_model,
-                            help=f"zoo name (default: {experiment.default_model})")
-        parser.add_argument("--seed", type=int, default=None, help="weights seed (random: models)")
-        parser.add_argument("--device", default="cpu", help="cpu, cuda, ... (default: cpu)")
-    for name, param in experiment.settings().items():
-        if name in _NOT_OPTIONS:
-            continue
-        kind, is_list = setting_type(param)
-        option: dict[str, Any] = {"type": kind, "help": setting_help(experiment.run, name)}
-        if is_list:
-            option["nargs"] = "+"
-        if param.default is inspect.Parameter.empty:
-            option["required"] = True
-        else:
-            option["default"] = list(param.default) if is_list else param.default
-            if param.default is not None:
-                shown = " ".join(map(str, option["default"])) if is_list else param.default
-                option["help"] += f" (default: {shown})"
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, **option)
-    return parser
+        own += [Option("model", str, False, experiment.default_model, "zoo name"),
+                Option("seed", int, False, None, "weights seed (random: models)"),
+                Option("device", str, False, "cpu", "cpu, cuda, ...")]
+    return own
+
+
+def parse_args(experiment: Experiment, argv: Sequence[str]) -> dict[str, Any]:
+    """``argv`` as the script's options (``out``, and ``model``, ``seed``, ``device`` with their
+    defaults where the experiment takes a model) and the settings given for ``run()``; a
+    missing ``--out`` or a bad option is a :class:`~mechsink.errors.BadInputError`."""
+    own = script_options(experiment)
+    given = experiment.parse_settings(argv, extra=own)
+    if "out" not in given:
+        raise BadInputError(f"{experiment.name} needs --out DIR: the folder for its result.")
+    return {**{o.name: o.default for o in own}, **given}
 
 
 def main(name: str, description: str, argv: Sequence[str] | None = None) -> ExperimentResult:
     """Run experiment ``name`` with the options in ``argv`` (default: the command line), save
-    its result under ``--out`` and print its summary."""
+    its result under ``--out`` and print its summary; ``-h``/``--help`` lists the options."""
     experiment = get_experiment(name)
-    title = " ".join(description.strip().split("\n\n")[0].split())  # the first paragraph
-    args = vars(parser_for(experiment, title).parse_args(argv))
-    out = args.pop("out")
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        title = " ".join(description.strip().split("\n\n")[0].split())  # the first paragraph
+        print(f"{title}\n\noptions:\n{experiment.options_help(script_options(experiment))}")
+        raise SystemExit(0)
+    try:
+        return _run(experiment, parse_args(experiment, args))
+    except MechsinkError as exc:  # one line, as the mechsink command prints it
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _run(experiment: Experiment, args: dict[str, Any]) -> ExperimentResult:
+    """The experiment run on the parsed ``args``, its result saved and its summary printed;
+    every setting is checked first (a model experiment's against the model's config, before
+    its weights load; run() checks again, without the config)."""
+    from mechsink.experiments.options import check_experiment_settings
+
+    out = Path(args.pop("out"))
+    model_name = args.pop("model", None)
+    device, seed = args.pop("device", None), args.pop("seed", None)
+    check_experiment_settings(experiment.name, args, model=model_name)
     if experiment.needs_model:
-        from mechsink.experiments.options import check_experiment_settings
         from mechsink.model import load_model
 
-        model_name = args.pop("model")
-        settings = {k: v for k, v in args.items() if k not in ("device", "seed")}
-        # every setting against the model's config before its weights load (run() checks
-        # again, without the config)
-        check_experiment_settings(name, settings, model=model_name)
-        model = load_model(model_name, device=args.pop("device"), seed=args.pop("seed"))
+        model = load_model(model_name, device=device, seed=seed)
         result = experiment.run(model, model_name=model_name, **args)
     else:
         if "work_dir" in experiment.settings():

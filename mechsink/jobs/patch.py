@@ -66,13 +66,15 @@ def check(spec: Spec, models: Sequence[str] = (), pairs: Sequence[Sequence[str]]
 @dataclass(frozen=True)
 class Command:
     """``mechsink patch``'s one prompt pair, checked: the spec (its layers and positions
-    parsed), the site it patches and the memory budget in bytes (None: the device's share)."""
+    parsed), the site it patches, the metric (parsed once, here) and the memory budget in
+    bytes (None: the device's share)."""
 
     spec: Spec
     clean: str
     corrupted: str
     site: Any  # a mechsink.patching site
     memory_budget: int | None
+    metric: Any  # a mechsink.patching Metric, checked against the model when patching binds it
 
 
 def check_command(spec: Spec, model: str, clean: str, corrupted: str, *,
@@ -93,25 +95,29 @@ def check_command(spec: Spec, model: str, clean: str, corrupted: str, *,
     settings.check_text(clean, "--clean")
     settings.check_text(corrupted, "--corrupted")
     check_no_empty_prompt([clean], [corrupted])
-    settings.check_metric(spec.metric)  # bare logit_diff needs the model's predictions
-    check_key_position(spec.metric, spec.key_position)
+    metric = settings.read_metric(spec.metric)  # parsed once, here
+    check_key_position(metric, spec.key_position, spec.metric)
     settings.check_direction(spec.direction)
     budget = None if spec.memory_budget is None else parse_size(spec.memory_budget)
     settings.check_context(model, 1, "--clean")  # the name, before the model loads
     tok = settings.model_tokenizer(model)  # no weights needed
     if tok is not None:
         check_same_lengths(tok, {"--clean": [clean], "--corrupted": [corrupted]}, early=True)
-    return Command(replace(spec, layers=chosen, positions=where), clean, corrupted, site, budget)
+    return Command(replace(spec, layers=chosen, positions=where), clean, corrupted, site, budget,
+                   metric)
 
 
-def check_key_position(metric: str, key_position: int | None) -> None:
-    """``--key-position`` belongs to a sink_score metric and is a position (checked before
-    any model loads; against the prompt's length once it is tokenised)."""
+def check_key_position(metric: Any, key_position: int | None, given: str) -> None:
+    """``--key-position`` belongs to a sink_score metric (``metric``, parsed from the string
+    ``given``) and is a position (checked before any model loads; against the prompt's
+    length once it is tokenised)."""
+    from mechsink.patching import SinkScore
+
     if key_position is None:
         return
-    if metric.split(":", 1)[0].strip() != "sink_score":
+    if not isinstance(metric, SinkScore):
         raise BadInputError(f"--key-position is the key position of a sink_score metric; "
-                            f"--metric {metric!r} has none.")
+                            f"--metric {given!r} has none.")
     if key_position < 0:
         raise BadInputError(f"--key-position: position numbers start at 0, got {key_position}.")
 
@@ -132,11 +138,11 @@ def run(model: Any, spec: Spec, pairs: Sequence[Sequence[str]]) -> list[dict[str
     from mechsink.patching import activation_patch, parse_metric, parse_site
 
     site = parse_site(spec.site, layers=None if spec.layers is None else tuple(spec.layers))
+    metric = parse_metric(spec.metric)  # once: a bare logit_diff reads each pair's runs
     results = []
     for clean, corrupted in pairs:
         c = to_tokens(model, clean, prepend_bos=spec.prepend_bos)
         x = to_tokens(model, corrupted, prepend_bos=spec.prepend_bos)
-        metric = parse_metric(spec.metric, model, c, x)  # a bare logit_diff reads each pair
         r = activation_patch(model, c, x, site, metric, direction=spec.direction,
                              normalize=spec.normalize, prepend_bos=spec.prepend_bos)
         results.append(r.to_dict())

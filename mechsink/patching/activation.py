@@ -95,8 +95,10 @@ def activation_patch(
     # a patch after the last layer the metrics read leaves them unchanged: such units are not
     # run, and nothing after that layer is recorded
     corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
-    last = engine.last_layer_read(model, engine.prepare_metrics(
-        model, metric, clean_t.shape[1], clean_t, corr_t)[1])
+    # metric strings parsed and every metric checked against the model once, here; setup
+    # binds these to the runs it records
+    prepared = engine.prepare_metrics(model, metric, clean_t.shape[1], clean_t, corr_t)
+    last = prepared.last_layer
     layers = sorted(x for x in set(resolved.axis_values()["layer"]) if x <= last)
     site_names = {resolved.hook_name(layer) for layer in layers}
     resid_names = {act_name("resid_pre", layer) for layer in [0, *layers]}
@@ -106,7 +108,7 @@ def activation_patch(
     ref_t = None if abl is None or reference is None else as_tokens(
         model, reference, prepend_bos=prepend_bos)
     with torch.no_grad():
-        s = engine.setup(model, clean_t, corrupted, metric, prepend_bos=prepend_bos, keep=keep,
+        s = engine.setup(model, clean_t, corr_t, prepared, prepend_bos=prepend_bos, keep=keep,
                          last_layer=last)
         for m, cv, xv in zip(s.metrics, s.clean_values, s.corrupted_values, strict=True):
             checks.check_baselines(m, cv, xv, normalize=normalize,
@@ -148,7 +150,7 @@ def _sweep(
     index_of = [{v: i for i, v in enumerate(vals)} for vals in axis_vals.values()]
     cell = {u: tuple(w[x] for w, x in zip(index_of, u, strict=True)) for u in site.patches()}
     pos_dim = 1 if site.family == "pattern" else 0  # position axis of one unit's mask
-    last = engine.last_layer_read(model, s.needs)
+    last = s.last_layer
     got: list[dict[tuple[int, ...], Tensor]] = [{u: v for u in cell if u[0] > last}
                                                 for v in unpatched]
     with engine.progress(len(cell), f"patching {site.label}") as bar:

@@ -200,7 +200,8 @@ def names_for(model: Any, needs: Needs) -> set[str]:
 
 @dataclass
 class Setup:
-    """What every patching call builds once: tokens, bound metrics, their needs, baselines."""
+    """What every patching call builds once: tokens, bound metrics, their needs and last
+    layer, baselines."""
 
     model: Any
     clean: Run
@@ -209,6 +210,7 @@ class Setup:
     needs: Needs
     clean_values: tuple[Tensor, ...]
     corrupted_values: tuple[Tensor | None, ...]
+    last_layer: int  # the last block a patched forward runs (:func:`last_layer_read`)
 
     @property
     def batch(self) -> int:
@@ -219,43 +221,68 @@ class Setup:
         return self.clean.seq_len
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """Metrics made :class:`Metric` objects and checked against one model and prompt length,
+    with what they read there and the last block a patched forward must run: worked out once
+    per patching call and handed to :func:`setup` (which binds them to the recorded runs)."""
+
+    metrics: tuple[Metric, ...]
+    needs: Needs
+    last_layer: int
+    seq_len: int
+
+
+MetricsLike = Metric | Callable[..., Any] | str | Sequence[Any] | Prepared
+
+
 def prepare_metrics(
-    model: Any, metrics: Metric | Callable[..., Any] | str | Sequence[Any], seq_len: int,
-    clean: Tensor | None = None, corrupted: Tensor | None = None,
-) -> tuple[tuple[Metric, ...], Needs]:
-    """Metrics (one or several) as :class:`Metric` objects, and the union of their needs;
-    metric strings (``"massive_value:11:0:507"``) are read as the CLI reads them (a bare
-    ``"logit_diff"`` takes its answers from the clean and corrupted tokens)."""
+    model: Any, metrics: MetricsLike, seq_len: int, clean: Tensor | None = None,
+    corrupted: Tensor | None = None,
+) -> Prepared:
+    """Metrics (one or several) as :class:`Metric` objects, the union of what they read on
+    ``model`` at ``seq_len`` tokens (positions checked before any forward) and their last
+    layer; metric strings (``"massive_value:11:0:507"``) are parsed here, once, as the CLI
+    parses them (a bare ``"logit_diff"`` takes its tokens from the runs :func:`setup`
+    records). Already :class:`Prepared` metrics are returned as they are."""
+    if isinstance(metrics, Prepared):
+        if metrics.seq_len != seq_len:
+            raise ValueError(f"metrics prepared for {metrics.seq_len} tokens, given {seq_len}.")
+        return metrics
     many = isinstance(metrics, (list, tuple))
-    items = list(metrics) if many else [metrics]  # type: ignore[arg-type]
+    items = list(metrics) if many else [metrics]  # type: ignore[list-item]
     if not items:
         raise BadInputError("no metric given.")
     ms = tuple(as_metric(m, model, clean, corrupted) for m in items)
     needs = Needs()
     for m in ms:
         needs = needs | resolve_needs(model, m, seq_len)
-    return ms, needs
+        m.check_seq_len(seq_len)
+    return Prepared(ms, needs, last_layer_read(model, needs), seq_len)
 
 
 def setup(
     model: Any,
     clean: TokensLike,
     corrupted: TokensLike | None,
-    metrics: Metric | Callable[..., Any] | Sequence[Any],
+    metrics: MetricsLike,
     *,
     prepend_bos: bool = True,
     keep: dict[str, set[str]] | None = None,
     last_layer: int | None = None,
 ) -> Setup:
-    """Check the inputs, record the clean (and corrupted) run, bind the metrics to the clean
-    run and evaluate them on both. ``keep`` names extra activations to record per input
+    """Check the inputs, record the clean (and corrupted) run, bind the metrics to both runs
+    (:meth:`~mechsink.patching.metrics.Metric.bind_runs`) and evaluate them on both. ``metrics``
+    as :func:`prepare_metrics` takes them (a caller that prepared them already passes the
+    :class:`Prepared`). ``keep`` names extra activations to record per input
     (``{"clean": {...}, "corrupted": {...}}``); ``last_layer`` ends the recorded runs after
     that block (every patched run must stop there too: see :func:`last_layer_read`)."""
     clean_t = as_tokens(model, clean, prepend_bos=prepend_bos)
     corr_t = None if corrupted is None else as_tokens(model, corrupted, prepend_bos=prepend_bos)
     if corr_t is not None:
         check_pair(clean_t, corr_t)
-    ms, needs = prepare_metrics(model, metrics, clean_t.shape[1], clean_t, corr_t)
+    prepared = prepare_metrics(model, metrics, clean_t.shape[1], clean_t, corr_t)
+    ms, needs = prepared.metrics, prepared.needs
     keep = keep or {}
     base = names_for(model, needs)
     with torch.no_grad():
@@ -267,16 +294,17 @@ def setup(
             clean_run, corr_run = record_pair(model, clean_t, corr_t, clean_names, corr_names,
                                               last_layer)
         clean_out = outputs_of(model, clean_run, needs)
-        ms = tuple(m.bind(clean_out) for m in ms)
+        corr_out = None if corr_run is None else outputs_of(model, corr_run, needs)
+        ms = tuple(m.bind_runs(clean_out, corr_out) for m in ms)
         dtype = true_dtype(model)
         clean_values = tuple(check_value(m(clean_out), "on the clean run", m, dtype)
                              for m in ms)
         corr_values: tuple[Tensor | None, ...] = tuple(None for _ in ms)
-        if corr_run is not None:
-            corr_out = outputs_of(model, corr_run, needs)
+        if corr_out is not None:
             corr_values = tuple(check_value(m(corr_out), "on the corrupted run", m, dtype)
                                 for m in ms)
-    return Setup(model, clean_run, corr_run, ms, needs, clean_values, corr_values)
+    return Setup(model, clean_run, corr_run, ms, needs, clean_values, corr_values,
+                 prepared.last_layer)
 
 
 def _position_axis(name: str) -> int:

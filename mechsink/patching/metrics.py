@@ -108,6 +108,18 @@ class Metric:
         """A copy that knows the clean run (for metrics relative to it, such as KL)."""
         return self
 
+    def bind_runs(self, clean: Outputs, corrupted: Outputs | None) -> Metric:
+        """A copy that knows both recorded runs (``corrupted`` None under an ablation): what
+        patching calls once, on the runs it records anyway, so a metric read off them (a bare
+        ``logit_diff``'s predicted tokens) costs no forward of its own. Default: :meth:`bind`."""
+        return self.bind(clean)
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """Refuse, before any forward, a position the metric reads outside a prompt of
+        ``seq_len`` tokens. Default: none to check (logit positions are checked from
+        :meth:`needs`; activation metrics with a position override this)."""
+        return None
+
     def __add__(self, other: Metric) -> Metric:
         return Combination(((1.0, self), (1.0, other)))
 
@@ -144,6 +156,13 @@ class Combination(Metric):
 
     def bind(self, clean: Outputs) -> Metric:
         return Combination(tuple((w, m.bind(clean)) for w, m in self.terms))
+
+    def bind_runs(self, clean: Outputs, corrupted: Outputs | None) -> Metric:
+        return Combination(tuple((w, m.bind_runs(clean, corrupted)) for w, m in self.terms))
+
+    def check_seq_len(self, seq_len: int) -> None:
+        for _, m in self.terms:
+            m.check_seq_len(seq_len)
 
 
 @dataclass(frozen=True, eq=False)
@@ -218,6 +237,10 @@ def _positions(metric: str, position: Any, attention_mask: Any, old: dict[str, A
     return _ids(position, f"{metric}: position")
 
 
+_LOGIT_DIFF_NEEDS_PAIR = ("metric 'logit_diff' without token ids needs the clean and corrupted "
+                          "prompts: give logit_diff:CORRECT_ID:INCORRECT_ID.")
+
+
 def _positions_needed(position: int | Tensor) -> tuple[int, ...]:
     if isinstance(position, int):
         return (position,)
@@ -263,7 +286,11 @@ class LogitDiff(Metric):
     ``correct`` / ``incorrect``: one token id, or one per prompt (IOI-style datasets). The
     position: one for every prompt (default -1, the last), one per prompt, or, with the
     ``attention_mask`` of a right-padded batch, each prompt's last real token.
+    :meth:`predicted` takes both ids from the clean and corrupted runs instead.
     """
+
+    correct: int | Tensor | None  # None: predicted, set when patching binds the metric
+    incorrect: int | Tensor | None
 
     def __init__(self, correct: Any, incorrect: Any, position: Any = None, *,
                  attention_mask: Any = None, name: str = "logit_diff", **old: Any) -> None:
@@ -272,15 +299,43 @@ class LogitDiff(Metric):
         self.incorrect = _ids(incorrect, "LogitDiff: incorrect")
         self.name = name
 
+    @classmethod
+    def predicted(cls, *, name: str = "logit_diff") -> LogitDiff:
+        """The clean prompt's top next token against the corrupted prompt's (first prompt, last
+        position), both read off the runs patching records anyway when it binds the metric
+        (:meth:`bind_runs`): what a bare ``"logit_diff"`` means, at no forward of its own."""
+        metric = cls(0, 0, name=name)
+        metric.correct = metric.incorrect = None
+        return metric
+
     def __repr__(self) -> str:
+        if self.correct is None or self.incorrect is None:
+            return "LogitDiff.predicted()"
         return (f"LogitDiff(correct={_shown(self.correct)}, incorrect={_shown(self.incorrect)}, "
                 f"position={_shown(self.position)})")
 
     def needs(self, model: Any) -> Needs:
-        _check_tokens(model, (self.correct, self.incorrect))
+        _check_tokens(model, tuple(t for t in (self.correct, self.incorrect) if t is not None))
         return Needs(logits=_positions_needed(self.position))
 
+    def bind_runs(self, clean: Outputs, corrupted: Outputs | None) -> Metric:
+        if self.correct is not None and self.incorrect is not None:
+            return self
+        if corrupted is None:
+            raise BadInputError(_LOGIT_DIFF_NEEDS_PAIR)
+        a = int(clean.logits_at(-1)[0].argmax())
+        b = int(corrupted.logits_at(-1)[0].argmax())
+        if a == b:
+            raise BadInputError(
+                "clean and corrupted prompts predict the same next token: give "
+                "logit_diff:CORRECT_ID:INCORRECT_ID explicitly."
+            )
+        return LogitDiff(a, b, name=self.name)
+
     def __call__(self, out: Outputs) -> Tensor:
+        if self.correct is None or self.incorrect is None:
+            raise BadInputError("LogitDiff.predicted() reads its tokens off the clean and "
+                                "corrupted runs: use it through activation_patch.")
         lg = _read_logits(out, self.position, "LogitDiff: position")
         return (_at_ids(lg, self.correct, "LogitDiff: correct")
                 - _at_ids(lg, self.incorrect, "LogitDiff: incorrect")).mean()
@@ -391,6 +446,9 @@ class MassiveValue(Metric):
         return (f"MassiveValue(layer={self.layer}, position={self.position}, "
                 f"channel={self.channel})")
 
+    def check_seq_len(self, seq_len: int) -> None:
+        check_position(self.position, seq_len, "massive_value")
+
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "massive_value")
         d = int(model.cfg.d_model)
@@ -415,6 +473,9 @@ class ResidNorm(Metric):
 
     def __repr__(self) -> str:
         return f"ResidNorm(layer={self.layer}, position={self.position})"
+
+    def check_seq_len(self, seq_len: int) -> None:
+        check_position(self.position, seq_len, "resid_norm")
 
     def needs(self, model: Any) -> Needs:
         _check_layer(model, self.layer, "resid_norm")
@@ -504,8 +565,9 @@ def parse_metric(
     :func:`~mechsink.patching.activation_patch`): ``sink_score:LAYER[:HEAD]``,
     ``massive_value:LAYER:POS:CH``, ``resid_norm:LAYER:POS``, ``logit_diff:CORRECT:INCORRECT``
     (token ids), ``log_prob:TOKEN``, ``kl``. ``logit_diff`` alone compares the clean and
-    corrupted runs' top next tokens. Without a model only the form is checked; with one, the
-    layers, heads, channels and token ids, and with ``clean`` tokens the positions too (a
+    corrupted runs' top next tokens (:meth:`LogitDiff.predicted`: read off the runs patching
+    records, so parsing runs no forward). Without a model only the form is checked; with one,
+    the layers, heads, channels and token ids, and with ``clean`` tokens the positions too (a
     one-line :class:`~mechsink.errors.BadInputError`, before any forward)."""
     if not isinstance(spec, str):
         raise BadInputError(f"a metric string must be a str, got {type(spec).__name__}.")
@@ -517,20 +579,9 @@ def parse_metric(
         )
     maker, names, optional = METRIC_FORMS[name]
     if name == "logit_diff" and not args:
-        if clean is None or corrupted is None or model is None:
-            if model is None:  # the form is right; the tokens come with the model
-                return LogitDiff(0, 0)
-            raise BadInputError("metric 'logit_diff' without token ids needs the clean and "
-                                "corrupted prompts: give logit_diff:CORRECT_ID:INCORRECT_ID.")
-        with torch.no_grad():
-            a = int(model(clean)[0, -1].argmax())
-            b = int(model(corrupted)[0, -1].argmax())
-        if a == b:
-            raise BadInputError(
-                "clean and corrupted prompts predict the same next token: give "
-                "logit_diff:CORRECT_ID:INCORRECT_ID explicitly."
-            )
-        return LogitDiff(a, b)
+        if clean is not None and corrupted is None:  # an ablation: no corrupted prediction
+            raise BadInputError(_LOGIT_DIFF_NEEDS_PAIR)
+        return LogitDiff.predicted()
     if not len(names) - optional <= len(args) <= len(names):
         raise BadInputError(f"metric {spec!r}: expected {metric_usage(name)} "
                             f"({len(args)} argument{'s' if len(args) != 1 else ''} given).")

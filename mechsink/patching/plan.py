@@ -15,7 +15,7 @@ from typing import Any
 
 from mechsink.model import capabilities, n_kv_heads, true_d_mlp, true_dtype
 from mechsink.model.memory import memory_budget as resolve_budget
-from mechsink.patching.engine import SPEEDUPS, Setup, last_layer_read
+from mechsink.patching.engine import SPEEDUPS, Setup
 from mechsink.patching.metrics import ALL, Needs
 
 #: patched tokens per forward the engine aims for (CPU matmuls are efficient from about here;
@@ -109,7 +109,7 @@ def chunks(
     reuse = SPEEDUPS["prefix_reuse"] and s.clean.kv is not None  # the model records K/V
     memory_budget = resolve_budget(model, memory_budget)  # read once: the plan is one plan
     n_logits = logit_positions(s.needs)
-    last = last_layer_read(model, s.needs)
+    last = s.last_layer
     first = {u: first_position(u) if reuse else 0 for u in units}
     groups: dict[int, list[Unit]] = {}
     for u in units:
