@@ -231,6 +231,7 @@ def test_an_import_at_new_settings_keeps_the_replaced_verdicts_and_the_page_list
     page = atlas_pages.changes_section(atlas)
     assert "{ #atlas-changes }" in page and "ratio 9.99" in page and "n = 4 prompts" in page
     assert "`qwen-gone` is not in this atlas" in page and "qwen-gone`  |" not in page
+    assert moved[0]["why"] == "the same criterion at n 4 → 2"
     assert "(#atlas-changes)" in atlas_pages.home_section(atlas)
     results.import_atlas(atlas_run, root=root, commit="2" * 40)  # same settings: carried on
     again = results.load_atlas(TINY, root=root)

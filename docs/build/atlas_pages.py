@@ -189,22 +189,34 @@ def _move(before: str, after: str) -> str:
 def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
     """Every cell of a model in both atlases whose verdict differs from the atlas this one
     replaced, in claim order: claim, model, the verdicts and evidence before and now, and what
-    the move means (:func:`_move`)."""
+    the move means (:func:`_move`) and why it moved (the criterion changed, or the same
+    criterion at other settings)."""
     prev = atlas.previous
     if prev is None:
         return []
     out = []
+    settings = _settings_change(prev["settings"], atlas.data["settings"])
     for claim in atlas.data["claims"]:
         for m in atlas.data["models"]:
             old = prev["cells"].get(m["model"], {}).get(claim)
             new = m["cells"].get(claim)
             if old is not None and new is not None and old["verdict"] != new["verdict"]:
+                why = ("the criterion changed" if old.get("criterion") != new.get("criterion")
+                       else f"the same criterion at {settings}")
                 out.append({"claim": claim, "model": m["model"], "before": old["verdict"],
                             "now": new["verdict"], "move": _move(old["verdict"],
                                                                  new["verdict"]),
-                            "evidence_before": old["evidence"],
+                            "why": why, "evidence_before": old["evidence"],
                             "evidence_now": new["evidence"]})
     return out
+
+
+def _settings_change(before: Mapping[str, Any], now: Mapping[str, Any]) -> str:
+    """The settings that differ, ``n 4 -> 16, seq_len 32 -> 64`` (or "the same settings")."""
+    keys = [k for k in ("n", "seq_len", "n_census", "seed", "eps")
+            if list_or(before.get(k)) != list_or(now.get(k))]
+    return ", ".join(f"{k} {before.get(k, '-')} → {now.get(k, '-')}" for k in keys) \
+        or "the same settings"
 
 
 def changes_section(atlas: CommittedAtlas) -> str:
@@ -227,7 +239,8 @@ def changes_section(atlas: CommittedAtlas) -> str:
              f"{compared - len(moved)} kept their verdict. A verdict marked *gone* was a "
              "finding before and is not supported now: "
              + ("at the larger sample it did not hold" if not same_n else
-                "it did not hold when measured again") + "; *new* is the reverse.", ""]
+                "it did not hold when measured again") + " (or its criterion changed, as the "
+             "*why* column says); *new* is the reverse.", ""]
     for name, cells in prev["cells"].items():
         if name not in now:
             lines += [f"`{name}` is not in this atlas (not run at its settings); its verdicts "
@@ -239,11 +252,11 @@ def changes_section(atlas: CommittedAtlas) -> str:
     if not moved:
         return "\n".join([*lines, "No verdict of a model in both changed.", ""])
     lines += ["Table: the verdicts that changed, with the evidence each rests on.", "",
-              "| claim | model | before | now | change | evidence before | evidence now |",
-              "|---|---|---|---|---|---|---|"]
+              "| claim | model | before | now | change | why | evidence before | evidence now |",
+              "|---|---|---|---|---|---|---|---|"]
     for c in moved:
         lines.append(f"| {c['claim']} | `{c['model']}` | {c['before']} | {c['now']} | "
-                     f"*{c['move']}* | {_cell(key_figure(c['evidence_before']))} | "
+                     f"*{c['move']}* | {c['why']} | {_cell(key_figure(c['evidence_before']))} | "
                      f"{_cell(key_figure(c['evidence_now']))} |")
     return "\n".join([*lines, ""])
 
