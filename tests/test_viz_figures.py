@@ -85,7 +85,9 @@ def _sink_free() -> dict:
     names = ["softmax", "softmax1", "sink_logit", "gated", "softpick", "sigmoid", "kv_bias",
              "extra_a", "extra_b"]
     arm = {"final": {"final_loss": 4.1, "sink_rate_no_self": 0.2, "max_sink_score": 0.5,
-                     "max_abs_resid": 30.0, "first_token_norm_ratio": 2.0},
+                     "max_abs_resid": 30.0, "first_token_norm_ratio": 2.0,
+                     "stream_ppl_s0": 16.2, "stream_ppl_s1": 16.1, "stream_ratio": 1.006,
+                     "int4_delta_loss": 0.004},
            "timeline": [{"step": s, "max_sink_score": 0.1 * k} for k, s in enumerate((0, 8, 16))]}
     return {"tasks": {"bb-llama-tiny": {"arms": {n: [arm, arm] for n in names}}}}
 
@@ -105,7 +107,7 @@ def test_experiment_figures_read_at_8pt_and_use_distinct_lines(kept: list, tmp_p
     for fig in kept:
         assert fig.get_figwidth() <= style.PAGE_WIDTH + 1e-9
         assert style.smallest_text(fig) >= style.MIN_FONT
-    timelines = _line_keys_of(kept[1].axes[5])  # the sink-free timeline panel: nine arms
+    timelines = _line_keys_of(kept[1].axes[len(METRICS)])  # the timeline panel: nine arms
     assert len(timelines) == 9 and len(set(timelines)) == 9
     bars = kept[2].axes[0].containers  # nine ablations + baseline: no (colour, hatch) repeats
     keys = {(matplotlib.colors.to_hex(c.patches[0].get_facecolor()), c.patches[0].get_hatch())
