@@ -99,15 +99,20 @@ def check_models(models: Sequence[str]) -> list[str]:
 
 def _step(folder: Path, key: dict[str, Any], compute: Callable[[], ExperimentResult],
           name: str) -> tuple[ExperimentResult | None, str | None]:
-    """Run one step into ``folder`` or read it back when it ran under the same ``key``;
-    a step that cannot apply to this model gives (None, the one-line reason)."""
+    """Run one step into ``folder`` or read it back when it ran under the same ``key`` (its
+    verdicts judged again by today's criteria, and saved so when they changed); a step that
+    cannot apply to this model gives (None, the one-line reason)."""
     marker = folder / STEP_FILE
     if marker.is_file():
         saved = json.loads(marker.read_text(encoding="utf-8"))
         if saved.get("key") == key:
             if saved.get("not_applicable"):
                 return None, saved["not_applicable"]
-            return ExperimentResult.load(folder, name), None
+            stored = ExperimentResult.load(folder, name)
+            judged = stored.judged()
+            if judged.data != stored.data:
+                judged.save(folder)
+            return judged, None
     try:
         result = compute()
     except MechsinkError as exc:

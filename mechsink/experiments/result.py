@@ -71,6 +71,14 @@ class ExperimentResult:
         data.pop("experiment", None)
         return cls(name, data)
 
+    def judged(self) -> ExperimentResult:
+        """This result with its verdicts judged again by the experiment's current criteria (the
+        measurements unchanged): what a resumed run shows for a step it reads back."""
+        judge = getattr(self._module(), "verdicts", None)
+        if judge is None or "verdicts" not in self.data:
+            return self
+        return ExperimentResult(self.name, {**self.data, "verdicts": judge(self.data)})
+
     def to_dict(self) -> dict[str, Any]:
         return dict(self.data)
 

@@ -24,7 +24,9 @@ self-concentration at position 0 and the value non-mixing it causes).
    sink at k and at 0 with intervals over prompts, judged on paired intervals against the
    original sink at 0.
 
-Every verdict is read off a curve or a table and carries its criterion.
+Every verdict is read off a curve or a table and carries its criterion. Parts 2-6 run with BOS
+first, unless the model has no sink behind BOS (then without it, or with a random first token,
+where its sink is strongest: :mod:`mechsink.interventions.first_token`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from mechsink.interventions.edits import (
     attend_only_to_self,
     scale_tokens,
 )
+from mechsink.interventions.first_token import traced_prompts
 from mechsink.interventions.readout import (
     massive_channel_sets,
     measure_each,
@@ -333,7 +336,8 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
         amplify_factors: Sequence[float] = AMPLIFY_FACTORS,
         plant_factors: Sequence[float] = PLANT_FACTORS,
         batch_size: int = 8) -> ExperimentResult:
-    """Measure the parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first).
+    """Measure the parts on ``n`` natural sequences of ``seq_len`` tokens (BOS first, unless the
+    model has no sink behind BOS: :mod:`mechsink.interventions.first_token`).
 
     ``n``: natural sequences; ``seq_len``: tokens per sequence; ``positions``: positions k the
     sink is moved to; ``doses``: the factors the complete super-neuron sets are scaled by
@@ -350,7 +354,9 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
         raise BadInputError("mask_strengths, amplify_factors and plant_factors need at least "
                             "one dose each.")
     grid = [float(d) for d in doses]
-    tokens = make_prompts(model, "natural", "bos", n=n, seq_len=seq_len).tokens
+    # traced where the model has its sink: BOS, unless it has no sink behind one
+    variant, rates, prompts = traced_prompts(model, n, seq_len)
+    tokens = prompts[variant]
     found = massive_channel_sets(model, tokens)
     channel, creating = found.channel, found.creating_layer
     sets = found.sets
@@ -380,7 +386,9 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     clean = creating_dr.readouts[creating_dr.doses.index(1.0)]
     surgery_layer = min(creating + 1, int(model.cfg.n_layers) - 1)
     data = {"schema": SCHEMA, "model": model_name or model.cfg.model_name, "n": n,
-            "seq_len": seq_len, "inputs": "natural/bos (variance: random and natural, randfirst)",
+            "seq_len": seq_len,
+            "inputs": f"natural/{variant} (variance: random and natural, randfirst)",
+            "traced_variant": variant, "first_token_sink_rates": rates,
             "variance": variance_part(model, n, seq_len), "super_neuron": sn,
             "super_neuron_sets": {
                 "channel": channel, "creating_layer": creating, "peak_layer": found.peak_layer,
@@ -708,7 +716,8 @@ def summary(data: dict[str, Any]) -> str:
     sets = data["super_neuron_sets"]
     channel, layer = sets["channel"], sets["creating_layer"]
     lines = [f"# Structural origin of the sink on {data['model']}", "",
-             f"Natural text with BOS, {data['n']} x {data['seq_len']} tokens. Intervals: 95% "
+             f"Natural text, {data['n']} x {data['seq_len']} tokens, first token: "
+             f"{data.get('traced_variant', 'bos')}. Intervals: 95% "
              "over prompts (Student's t below 64 prompts, percentile bootstrap from 64; "
              "differences paired over the same prompts). Massive channel at position 0: "
              f"{channel}; created by block {layer}, peak after block {sets['peak_layer']}.", "",
