@@ -5,6 +5,8 @@ JSON without a model. The atlas here is a real run on two tiny models."""
 
 from __future__ import annotations
 
+import hashlib
+import html
 import json
 import os
 import re
@@ -131,14 +133,15 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
     for claim in atlas.data["claims"]:  # every row's criterion, listed under the table
         criterion = next(m["cells"][claim]["criterion"] for m in atlas.data["models"]
                          if m["cells"][claim]["criterion"] != "-")
-        assert f"- **{claim}** ({atlas.data['claims'][claim]}): {criterion}." in md
+        shown = html.escape(criterion, quote=False)  # as text, not markup
+        assert f"- **{claim}** ({atlas.data['claims'][claim]}): {shown}." in md
     assert atlas.entry["command"] in md and "0000000000" in md
     evidence = atlas_pages.evidence_section(atlas)
     for claim in atlas.data["claims"]:
         assert f"{{ #atlas-{claim.lower()} }}" in evidence  # the table's row links land
     for row in atlas.data["models"]:
         for cell in row["cells"].values():
-            assert f"Measured: {cell['evidence']}." in evidence
+            assert f"Measured: {html.escape(cell['evidence'], quote=False)}." in evidence
 
 
 def test_cross_model_page_reads_the_atlas_first_token_table(committed: Path) -> None:
@@ -236,3 +239,33 @@ def test_an_import_at_new_settings_keeps_the_replaced_verdicts_and_the_page_list
     results.import_atlas(atlas_run, root=root, commit="2" * 40)  # same settings: carried on
     again = results.load_atlas(TINY, root=root)
     assert again.previous == atlas.previous
+
+
+def test_markup_in_an_imported_atlas_is_shown_not_run(atlas_run: Path, tmp_path: Path) -> None:
+    """An atlas folder may come from anyone: a verdict, criterion or evidence holding HTML is
+    escaped on the home grid, in the evidence section and in the changes table."""
+    run = tmp_path / "received"
+    shutil.copytree(atlas_run, run)
+    data = json.loads((run / "atlas.json").read_text())
+    cell = data["models"][0]["cells"]["C1"]
+    cell["verdict"] = "<img src=x onerror=alert(1)>"
+    cell["criterion"] = "<script>alert(2)</script>"
+    cell["evidence"] = "ratio 1.0 <script>alert(3)</script>"
+    body = json.dumps(data).encode()
+    (run / "atlas.json").write_bytes(body)
+    manifest = json.loads((run / "manifest.json").read_text())  # a well-formed hostile folder
+    manifest["files"]["atlas.json"] = {"bytes": len(body),
+                                       "sha256": hashlib.sha256(body).hexdigest()}
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    root = tmp_path / "results"
+    results.import_atlas(run, root=root, commit="0" * 40)
+    before = {"verdict": "supported", "criterion": "c", "evidence": "<b onclick=x>1</b>"}
+    (root / "atlas" / results.PREVIOUS_FILE).write_text(json.dumps({
+        "settings": {**data["settings"], "n": 99}, "made": "x",
+        "cells": {data["models"][0]["model"]: {"C1": before}}}))
+    atlas = results.load_atlas(TINY, root=root)
+    assert atlas_pages.changes(atlas)  # the changed cell is on the page
+    pages = (atlas_pages.home_section(atlas) + atlas_pages.evidence_section(atlas)
+             + atlas_pages.changes_section(atlas))
+    assert "<script" not in pages and "<img" not in pages and "<b " not in pages
+    assert "&lt;script&gt;alert(3)&lt;/script&gt;" in pages and "&lt;img src=x" in pages

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from docs.build.cache import slug
-from docs.build.findings import BY_NAME, _cell, story
+from docs.build.findings import BY_NAME, _cell, plain, story
 from docs.build.results import STEP_MARKER, CommittedAtlas, list_or
 
 NUM = r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?"
@@ -101,8 +101,9 @@ def grid_number(evidence: str) -> str:
 def _badge(verdict: str, link: str | None) -> str:
     """A verdict as a coloured badge (a link to its finding section when there is one)."""
     cls = VERDICT_CLASS.get(verdict, "v-na")
-    return (f"[**{verdict}**]({link}){{ .mechsink-verdict .{cls} }}" if link
-            else f"**{verdict}**{{ .mechsink-verdict .{cls} }}")
+    text = plain(verdict)
+    return (f"[**{text}**]({link}){{ .mechsink-verdict .{cls} }}" if link
+            else f"**{text}**{{ .mechsink-verdict .{cls} }}")
 
 
 def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
@@ -132,12 +133,13 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
     for claim, what in data["claims"].items():
         cells = [m["cells"][claim] for m in models]
         common = _criterion(cells)
-        criteria.append(f"- **{claim}** ({what}): {common}.")
+        criteria.append(f"- **{claim}** ({what}): {plain(common)}.")
         out = []
         for m, c in zip(models, cells, strict=True):
             badge = _badge(c["verdict"], finding_link(claim, c, m["model"], prefix))
             own = "" if c.get("criterion", "-") in ("-", common) else " &dagger;"
-            out.append(_cell(f"{badge}{own}<br>{grid_number(c['evidence'])}"))
+            out.append(_cell(f"{badge}{own}<br>{plain(grid_number(c['evidence']))}",
+                             markup=True))
         lines.append(f"| [{claim}](#atlas-{claim.lower()}) | " + " | ".join(out) + " |")
     lines += ["", "The claims and their criteria (the verdicts above are judged by them):", "",
               *criteria]
@@ -160,8 +162,8 @@ def evidence_section(atlas: CommittedAtlas) -> str:
         lines += [f"### {claim}: {what} {{ #atlas-{claim.lower()} }}", ""]
         for m in models:
             c = m["cells"][claim]
-            lines.append(f"- `{m['model']}`: **{c['verdict']}**. Criterion: {c['criterion']}. "
-                         f"Measured: {c['evidence']}.")
+            lines.append(f"- `{m['model']}`: **{plain(c['verdict'])}**. Criterion: "
+                         f"{plain(c['criterion'])}. Measured: {plain(c['evidence'])}.")
         lines.append("")
     return "\n".join(lines)
 
@@ -255,8 +257,9 @@ def changes_section(atlas: CommittedAtlas) -> str:
               "| claim | model | before | now | change | why | evidence before | evidence now |",
               "|---|---|---|---|---|---|---|---|"]
     for c in moved:
-        lines.append(f"| {c['claim']} | `{c['model']}` | {c['before']} | {c['now']} | "
-                     f"*{c['move']}* | {c['why']} | {_cell(key_figure(c['evidence_before']))} | "
+        lines.append(f"| {c['claim']} | `{c['model']}` | {_cell(c['before'])} | "
+                     f"{_cell(c['now'])} | *{c['move']}* | {c['why']} | "
+                     f"{_cell(key_figure(c['evidence_before']))} | "
                      f"{_cell(key_figure(c['evidence_now']))} |")
     return "\n".join([*lines, ""])
 

@@ -8,6 +8,7 @@ seconds from cached or committed results.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -121,8 +122,17 @@ def _short(v: Any) -> str:
     return ""
 
 
-def _cell(text: str) -> str:
-    return escape_cell_pipes(" ".join(str(text).split()).replace("|", "\\|")) or "-"
+def plain(text: Any) -> str:
+    """Text read from a result file, made inert for a Markdown page: HTML markup in it is shown,
+    not run (a result folder may come from anyone)."""
+    return html.escape(str(text), quote=False)
+
+
+def _cell(text: str, *, markup: bool = False) -> str:
+    """One table cell on one line, pipes escaped; ``text`` escaped as :func:`plain` unless it is
+    ``markup`` the page builds itself."""
+    text = str(text) if markup else plain(text)
+    return escape_cell_pipes(" ".join(text.split()).replace("|", "\\|")) or "-"
 
 
 def verdict_table(rows: list[dict[str, str]]) -> str:
@@ -256,7 +266,7 @@ def index_page(entries: list[tuple[Finding, list[dict[str, str]], str | None]]) 
              "| finding | models | verdicts (the first model's) |", "|---|---|---|"]
     for f, rows, model in entries:
         verdicts = "; ".join(f"{r['claim']}: {r['verdict']}" for r in rows[:3]) or "-"
-        lines.append(f"| [{f.title}]({f.slug}.md) | {model or 'trained here'} | "
+        lines.append(f"| [{f.title}]({f.slug}.md) | {plain(model or 'trained here')} | "
                      f"{_cell(verdicts)} |")
     return "\n".join(lines) + "\n"
 

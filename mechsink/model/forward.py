@@ -174,7 +174,6 @@ def run_capturing(
     return None, acts
 
 
-
 #: models whose stopped run left a hook out (a bridge without ``ln_final.hook_in`` firing
 #: after the last block): their blocks-only runs go the full way
 _NO_EARLY_STOP: weakref.WeakSet[Any] = weakref.WeakSet()
