@@ -83,6 +83,34 @@ def test_circuit_command_checks_the_output_folder_before_loading(tmp_path: Path)
     assert not (held / "result.json").exists()
 
 
+def test_a_circuits_script_holds_its_output_folder_as_the_command_does(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A script and ``mechsink experiment`` share one run body: another run's folder is
+    refused (naming that run) before any model loads, and a file is refused as --out."""
+    from mechsink.experiments.script import main
+
+    args = ["--model", "random:llama-tiny", "--n", "2", "--seq-len", "40"]
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    with pytest.raises(SystemExit) as bad:
+        main("structural_origin", "doc", [*args, "--out", str(file)])
+    assert bad.value.code == 2 and "is a file" in capsys.readouterr().err
+    held = tmp_path / "held"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom mechsink.io import folder_lock\n"
+         f"with folder_lock({str(held)!r}, command='another mechsink run'):\n"
+         "    print('held', flush=True)\n    time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SystemExit) as locked:
+            main("structural_origin", "doc", [*args, "--out", str(held)])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert locked.value.code == 2 and "another mechsink run" in capsys.readouterr().err
+    assert not (held / "result.json").exists()
+
+
 def test_every_circuits_script_takes_its_options_and_defaults_from_run() -> None:
     """Each script in circuits/ is its methods section over experiments.script.main: its options
     are run()'s settings with run()'s defaults, and run()'s docstring says what each one is."""

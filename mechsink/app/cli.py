@@ -513,7 +513,6 @@ def experiment(
     circuits/ takes them; `mechsink experiment NAME --help` lists them. Every setting is checked
     before any model loads."""
     from mechsink.experiments import EXPERIMENTS, get_experiment
-    from mechsink.io import check_writable, folder_lock
 
     try:
         if name is None or show_help:
@@ -540,24 +539,9 @@ def experiment(
         experiment_job.check(experiment_job.Spec(name, the_settings), [model_name])
         if chosen.needs_model:
             _check_device(device)
-        folder = check_writable(out)  # before the work, not after it ('' is an error)
-        with folder_lock(folder):
-            if chosen.needs_model:
-                from mechsink.model.zoo import load_model
-
-                with console.status(f"loading {model_name}"):
-                    the_model = load_model(model_name, device=device, seed=seed)
-                seq_len = the_settings.get("seq_len", chosen.settings().get("seq_len"))
-                if seq_len is not None:  # a model whose config needed its weights
-                    from mechsink.model import check_seq_len
-
-                    check_seq_len(the_model, getattr(seq_len, "default", seq_len))
-                result = chosen.run(the_model, model_name=model_name, **the_settings)
-            else:
-                if "work_dir" in chosen.settings():
-                    the_settings.setdefault("work_dir", folder)
-                result = chosen.run(**the_settings)
-            result.save(folder)  # one result set; the summary is drawn before any write
+        result = chosen.run_into(out, the_settings, model_name=model_name, device=device,
+                                 seed=seed,
+                                 loading=lambda n: console.status(f"loading {n}"))
     except MechsinkError as exc:
         fail(exc)
     console.print(result.summary(), markup=False)

@@ -38,7 +38,9 @@ import importlib
 import inspect
 import re
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -149,6 +151,39 @@ class Experiment:
         own = [o.line() for o in extra] + [""] if extra else []
         settings = [o.line() for o in self.options().values()]
         return "\n".join([*own, "settings (from its run()):", *settings])
+
+    def run_into(self, out: str | Path, settings: dict[str, Any], *,
+                 model_name: str | None = None, device: str | None = None,
+                 seed: int | None = None,
+                 loading: Callable[[str], AbstractContextManager[Any]] | None = None
+                 ) -> ExperimentResult:
+        """Run with ``settings`` on ``model_name`` (loaded here; default: the experiment's) and
+        save the result set into ``out``, holding the folder's lock from before the model loads
+        until the result is written: the one body of ``mechsink experiment NAME`` and the
+        ``circuits/`` scripts. The caller checks the settings first; a ``seq_len`` past a
+        context only the weights tell is refused here, after the load and before the run.
+        ``loading(name)`` wraps the load (a status line)."""
+        from mechsink.io import check_writable, folder_lock
+
+        folder = check_writable(out)  # before the work, not after it ('' is an error)
+        settings = dict(settings)
+        with folder_lock(folder):
+            if self.needs_model:
+                from mechsink.model import check_seq_len, load_model
+
+                name = model_name or str(self.default_model)
+                with (loading or (lambda _: nullcontext()))(name):
+                    model = load_model(name, device=device, seed=seed)
+                seq_len = settings.get("seq_len", self.settings().get("seq_len"))
+                if seq_len is not None:  # a model whose config needed its weights
+                    check_seq_len(model, getattr(seq_len, "default", seq_len))
+                result = self.run(model, model_name=name, **settings)
+            else:
+                if "work_dir" in self.settings():
+                    settings.setdefault("work_dir", folder)
+                result = self.run(**settings)
+            result.save(folder)  # one result set; the summary is drawn before any write
+        return result
 
 
 def setting_type(param: inspect.Parameter) -> tuple[type, bool]:

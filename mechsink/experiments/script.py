@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from mechsink.errors import BadInputError, MechsinkError
@@ -65,24 +64,16 @@ def main(name: str, description: str, argv: Sequence[str] | None = None) -> Expe
 
 
 def _run(experiment: Experiment, args: dict[str, Any]) -> ExperimentResult:
-    """The experiment run on the parsed ``args``, its result saved and its summary printed;
-    every setting is checked first (a model experiment's against the model's config, before
-    its weights load; run() checks again, without the config)."""
+    """The experiment run on the parsed ``args``, its result saved under ``--out`` (held
+    locked, as by ``mechsink experiment``: :meth:`Experiment.run_into`) and its summary
+    printed; every setting is checked first (a model experiment's against the model's config,
+    before its weights load)."""
     from mechsink.experiments.options import check_experiment_settings
 
-    out = Path(args.pop("out"))
+    out = args.pop("out")
     model_name = args.pop("model", None)
     device, seed = args.pop("device", None), args.pop("seed", None)
     check_experiment_settings(experiment.name, args, model=model_name)
-    if experiment.needs_model:
-        from mechsink.model import load_model
-
-        model = load_model(model_name, device=device, seed=seed)
-        result = experiment.run(model, model_name=model_name, **args)
-    else:
-        if "work_dir" in experiment.settings():
-            args["work_dir"] = out
-        result = experiment.run(**args)
-    result.save(out)
+    result = experiment.run_into(out, args, model_name=model_name, device=device, seed=seed)
     print(result.summary())
     return result
