@@ -45,6 +45,7 @@ from mechsink import load_model
 from mechsink.experiments import atlas, init_structure, p0_sink, query_bias_dose, structural_origin
 from mechsink.inputs.prompts import SUITES, VARIANTS, make_prompts
 from mechsink.interventions import chain
+from mechsink.interventions.first_token import traced_prompts
 from mechsink.interventions.readout import massive_channel_sets
 from mechsink.interventions.set_validation import validate_sets
 from mechsink.interventions.stacked import ROWS_PER_FORWARD, SPEEDUPS
@@ -130,7 +131,9 @@ def main() -> None:
     rate = Throughput(model, args.rows, t_len)
     say(f"plain forward of {args.rows} x {t_len}: {rate.measure():,.0f} tokens/s ({load()})")
 
-    tokens = make_prompts(model, "natural", "bos", n=n, seq_len=t_len).tokens
+    variant, _, traced = traced_prompts(model, n, t_len)  # the prompts the steps trace
+    tokens = traced[variant]
+    say(f"traced on natural/{variant}")
     found = massive_channel_sets(model, tokens)
     channel, creating, sets = found.channel, found.creating_layer, found.sets
     named = [s for s in sets.values() if s.units]
