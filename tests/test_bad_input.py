@@ -323,6 +323,16 @@ def test_discover_positions_message_speaks_of_positions(tmp_path, no_load):
     assert not (tmp_path / "d").exists()
 
 
+def test_discover_bare_logit_diff_under_an_ablation_is_refused_before_loading(tmp_path,
+                                                                             no_load):
+    """With no --corrupted prompts there is no corrupted prediction for a bare logit_diff:
+    refused before the model loads (it loaded and ran forwards first)."""
+    text = _line(["discover", "random:gpt2-tiny", "--metric", "logit_diff", "--out",
+                  str(tmp_path / "d")])
+    assert "metric 'logit_diff' without token ids needs the clean and corrupted prompts" in text
+    assert not (tmp_path / "d").exists()
+
+
 def test_discover_prompts_of_different_lengths_name_the_cli_options(tmp_path, no_load):
     a, b = _gpt2_lengths("The cat sat", "The big dog sat down")
     text = _line([*DISCOVER, "--clean", "The cat sat", "--clean", "The big dog sat down",

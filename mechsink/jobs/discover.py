@@ -142,10 +142,13 @@ def check(spec: Spec, models: Sequence[str] = (),
     from mechsink.discover.graph import parse_neurons
     from mechsink.discover.pipeline import check_selection
     from mechsink.jobs.prompts import check_same_lengths
+    from mechsink.patching.metrics import check_without_corrupted
 
     at("method", check_choices, spec)
     at("positions", positions_of, spec)
     metric = at("metric", settings.read_metric, spec.metric)  # parsed once, here
+    if spec.corrupted is None:  # an ablation corrupts: no corrupted prompt predicts a token
+        at("metric", check_without_corrupted, metric)
     if spec.steps < 1 or spec.verify < 0 or spec.n < 1 or spec.max_exact < 0:
         at("steps", _refuse, "--steps and --n must be positive, --verify and --max-exact "
            "non-negative.")

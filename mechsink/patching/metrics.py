@@ -241,6 +241,15 @@ _LOGIT_DIFF_NEEDS_PAIR = ("metric 'logit_diff' without token ids needs the clean
                           "prompts: give logit_diff:CORRECT_ID:INCORRECT_ID.")
 
 
+def check_without_corrupted(metric: Metric) -> None:
+    """Refuse, before any work, a metric that reads the corrupted run's prediction (a bare
+    ``logit_diff``) where the corruption is an ablation: there is no corrupted prompt."""
+    parts = [m for _, m in metric.terms] if isinstance(metric, Combination) else [metric]
+    if any(isinstance(m, LogitDiff) and (m.correct is None or m.incorrect is None)
+           for m in parts):
+        raise BadInputError(_LOGIT_DIFF_NEEDS_PAIR)
+
+
 def _positions_needed(position: int | Tensor) -> tuple[int, ...]:
     if isinstance(position, int):
         return (position,)
