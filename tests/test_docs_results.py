@@ -269,3 +269,30 @@ def test_markup_in_an_imported_atlas_is_shown_not_run(atlas_run: Path, tmp_path:
              + atlas_pages.changes_section(atlas))
     assert "<script" not in pages and "<img" not in pages and "<b " not in pages
     assert "&lt;script&gt;alert(3)&lt;/script&gt;" in pages and "&lt;img src=x" in pages
+
+
+def test_a_model_traced_without_bos_is_named_and_its_changes_say_so(tmp_path: Path) -> None:
+    """Where a model has no sink behind BOS its steps trace another first token: the home page
+    names it with its first-token rates, and a moved C2-C5 verdict says so in *why*."""
+    step = tmp_path / "atlas" / "q-0" / "structural_origin"
+    step.mkdir(parents=True)
+    (step / "result.json").write_text(json.dumps({"traced_variant": "nobos"}))
+    cell = {"verdict": "supported", "criterion": "c", "evidence": "x 1 -> 0", "link": None}
+    row = {"model": "q", "folder": "q-0", "cells": {"C1": cell, "C3": cell},
+           "first_token": {"natural/bos": {"mean": 0.02}, "natural/nobos": {"mean": 0.557}}}
+    settings = {"n": 16, "seq_len": 64, "seed": 0, "eps": 0.3}
+    atlas = results.CommittedAtlas(tmp_path / "atlas", "atlas", {
+        "models": [row], "claims": {"C1": "one", "C3": "three"}, "settings": settings}, {})
+    assert atlas_pages.traced_variant(atlas, row) == "nobos"
+    assert atlas_pages.traced_note(atlas) == (
+        "C2-C5 trace the sink with BOS first, except where a model has no sink behind BOS: "
+        "`q` on nobos (natural-text sink rate at key 0: bos 0.020, nobos 0.557).")
+    before = {**cell, "verdict": "not supported"}
+    (tmp_path / "atlas" / results.PREVIOUS_FILE).write_text(json.dumps({
+        "settings": {**settings, "n": 4}, "made": "x", "cells": {"q": {"C1": before,
+                                                                     "C3": before}}}))
+    why = {c["claim"]: c["why"] for c in atlas_pages.changes(atlas)}
+    assert why == {"C1": "the same criterion at n 4 → 16",
+                   "C3": "traced on nobos (no sink behind BOS), at n 4 → 16"}
+    plain_row = {**row, "model": "b", "folder": "b-0"}  # no step folder: traced with BOS
+    assert atlas_pages.traced_variant(atlas, plain_row) == "bos"

@@ -22,6 +22,37 @@ SHORT = 70  # evidence up to this long is shown whole in a cell
 CLAIM_STEP = {"C1": "structural_origin", "C2": "structural_origin", "C3": "structural_origin",
               "C4": "structural_origin", "C5": "p0_sink", "C6": "query_bias_dose"}
 VARIANTS = ("bos", "nobos", "randfirst")
+#: the claims whose experiment traces the sink on one first-token variant (C1's variance part
+#: reads its own inputs)
+TRACED_CLAIMS = ("C2", "C3", "C4", "C5")
+
+
+def traced_variant(atlas: CommittedAtlas, row: Mapping[str, Any]) -> str:
+    """The first token a model's causal-chain steps traced the sink on (``bos`` unless the
+    model has no sink behind BOS; a result older than that choice traced on ``bos``)."""
+    for step in ("structural_origin", "p0_sink"):
+        folder = atlas.step(row, step)
+        if folder is not None:
+            data = json.loads((folder / "result.json").read_text(encoding="utf-8"))
+            return str(data.get("traced_variant", "bos"))
+    return "bos"
+
+
+def traced_note(atlas: CommittedAtlas) -> str:
+    """One sentence naming the models traced without BOS, with their first-token sink rates
+    ('' when every model was traced with BOS)."""
+    off = []
+    for m in atlas.data["models"]:
+        variant = traced_variant(atlas, m)
+        if variant != "bos":
+            rates = {v: m["first_token"].get(f"natural/{v}", {}).get("mean") for v in VARIANTS}
+            shown = ", ".join(f"{v} {r:.3f}" for v, r in rates.items() if r is not None)
+            off.append(f"`{plain(m['model'])}` on {variant} (natural-text sink rate at key 0: "
+                       f"{shown})")
+    if not off:
+        return ""
+    return ("C2-C5 trace the sink with BOS first, except where a model has no sink behind BOS: "
+            + "; ".join(off) + ".")
 
 
 def anchor(model: str) -> str:
@@ -143,6 +174,9 @@ def home_section(atlas: CommittedAtlas, prefix: str = "") -> str:
         lines.append(f"| [{claim}](#atlas-{claim.lower()}) | " + " | ".join(out) + " |")
     lines += ["", "The claims and their criteria (the verdicts above are judged by them):", "",
               *criteria]
+    note = traced_note(atlas)
+    if note:
+        lines += ["", note]
     if atlas.previous is not None:
         lines += ["", f"The verdicts that changed from the previous atlas "
                   f"({_settings_text(atlas.previous['settings'])}) are listed "
@@ -203,8 +237,10 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
             old = prev["cells"].get(m["model"], {}).get(claim)
             new = m["cells"].get(claim)
             if old is not None and new is not None and old["verdict"] != new["verdict"]:
+                variant = traced_variant(atlas, m) if claim in TRACED_CLAIMS else "bos"
                 why = ("the criterion changed" if old.get("criterion") != new.get("criterion")
-                       else f"the same criterion at {settings}")
+                       else f"traced on {variant} (no sink behind BOS), at {settings}"
+                       if variant != "bos" else f"the same criterion at {settings}")
                 out.append({"claim": claim, "model": m["model"], "before": old["verdict"],
                             "now": new["verdict"], "move": _move(old["verdict"],
                                                                  new["verdict"]),
