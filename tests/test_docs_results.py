@@ -6,7 +6,6 @@ JSON without a model. The atlas here is a real run on two tiny models."""
 from __future__ import annotations
 
 import hashlib
-import html
 import json
 import os
 import re
@@ -19,6 +18,7 @@ import pytest
 matplotlib.use("Agg")
 
 from docs.build import atlas_pages, results  # noqa: E402
+from docs.build.findings import plain  # noqa: E402
 
 TINY = {"models": ["organism:bb-gpt2-tiny", "random:llama-tiny"], "n": 2, "seq_len": 8,
         "seed": 0, "eps": 0.3}
@@ -124,7 +124,7 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
             assert f"**{cell['verdict']}**" in line
             numbers = re.findall(atlas_pages.INTERVAL, cell["evidence"])
             if numbers:  # the key number and its interval, as the experiment wrote them
-                assert numbers[0] in line
+                assert plain(numbers[0]) in line
             if cell["link"] and claim != "C7":
                 page = "query-bias-dose" if claim == "C6" else (
                     "p0-circuit" if claim == "C5" else "chain")
@@ -133,7 +133,7 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
     for claim in atlas.data["claims"]:  # every row's criterion, listed under the table
         criterion = next(m["cells"][claim]["criterion"] for m in atlas.data["models"]
                          if m["cells"][claim]["criterion"] != "-")
-        shown = html.escape(criterion, quote=False)  # as text, not markup
+        shown = plain(criterion)  # as text, not markup
         assert f"- **{claim}** ({atlas.data['claims'][claim]}): {shown}." in md
     assert atlas.entry["command"] in md and "0000000000" in md
     evidence = atlas_pages.evidence_section(atlas)
@@ -141,7 +141,7 @@ def test_the_home_table_has_every_cell_with_its_verdict_number_and_link(committe
         assert f"{{ #atlas-{claim.lower()} }}" in evidence  # the table's row links land
     for row in atlas.data["models"]:
         for cell in row["cells"].values():
-            assert f"Measured: {html.escape(cell['evidence'], quote=False)}." in evidence
+            assert f"Measured: {plain(cell['evidence'])}." in evidence
 
 
 def test_cross_model_page_reads_the_atlas_first_token_table(committed: Path) -> None:
@@ -269,6 +269,8 @@ def test_markup_in_an_imported_atlas_is_shown_not_run(atlas_run: Path, tmp_path:
              + atlas_pages.changes_section(atlas))
     assert "<script" not in pages and "<img" not in pages and "<b " not in pages
     assert "&lt;script&gt;alert(3)&lt;/script&gt;" in pages and "&lt;img src=x" in pages
+    link = "see [here](javascript:alert(4)) { onclick=x }"
+    assert plain(link) == r"see \[here\](javascript:alert(4)) \{ onclick=x \}"  # no link
 
 
 def test_a_model_traced_without_bos_is_named_and_its_changes_say_so(tmp_path: Path) -> None:

@@ -337,11 +337,11 @@ def cross_model_section(atlas: CommittedAtlas) -> str:
                 text, note = _rate(m["first_token"].get(f"{suite}/{v}"))
                 if note:
                     notes[note] = notes.get(note, 0) + 1
-                cells.append(_cell(text))
+                cells.append(_cell(text, markup=True))  # numbers the page formats
             lines.append(f"| `{m['model']}` | " + " | ".join(cells) + " |")
     if notes:
         lines += ["", "‡ Zero-width intervals, and why: "
-                  + "; ".join(f"{n} ({k} cells)" for n, k in notes.items()) + "."]
+                  + "; ".join(f"{plain(n)} ({k} cells)" for n, k in notes.items()) + "."]
     lines += ["", f"Data: [atlas.json](../assets/results/{atlas.name}/atlas.json).", ""]
     return "\n".join(lines)
 

@@ -122,10 +122,14 @@ def _short(v: Any) -> str:
     return ""
 
 
+#: Markdown's link, image and attribute-list brackets, escaped in :func:`plain`
+_MARKDOWN_BRACKETS = str.maketrans({c: f"\\{c}" for c in "[]{}"})
+
+
 def plain(text: Any) -> str:
-    """Text read from a result file, made inert for a Markdown page: HTML markup in it is shown,
-    not run (a result folder may come from anyone)."""
-    return html.escape(str(text), quote=False)
+    """Text read from a result file, made inert for a Markdown page: HTML markup, links and
+    attribute lists in it are shown, not run (a result folder may come from anyone)."""
+    return html.escape(str(text), quote=False).translate(_MARKDOWN_BRACKETS)
 
 
 def _cell(text: str, *, markup: bool = False) -> str:
