@@ -184,6 +184,17 @@ def test_summary_body_drops_title_and_images_and_separates_tables() -> None:
     row = "| k | max |channel| at k | 3 -> 4 |"
     assert docs_build.escape_cell_pipes(row) == "| k | max \\|channel\\| at k | 3 -> 4 |"
     assert docs_build.escape_cell_pipes("|---|:--:|") == "|---|:--:|"
+
+
+def test_summary_body_shows_markup_from_a_result_as_text() -> None:
+    """A summary quotes strings of its result file: HTML, links and attribute lists in them are
+    shown, not made; code spans and fenced code are kept as written."""
+    md = ("Model <img src=x onerror=alert(1)> [here](javascript:alert(2)) { onclick=x }, "
+          "set `L3N2247 <b>` 0.5 [0.4, 0.6]\n```\n<kept>\n```\n| <i>a</i> | b |\n|---|---|\n")
+    out = docs_build.summary_body(md)
+    assert out == ("Model &lt;img src=x onerror=alert(1)&gt; \\[here\\](javascript:alert(2)) "
+                   "\\{ onclick=x \\}, set `L3N2247 <b>` 0.5 \\[0.4, 0.6\\]\n```\n<kept>\n"
+                   "```\n\n| &lt;i&gt;a&lt;/i&gt; | b |\n|---|---|\n")
     assert docs_build.escape_cell_pipes("| a \\| b |") == "| a \\| b |"
 
 
@@ -545,5 +556,6 @@ def test_a_finding_without_verdicts_shows_its_main_table_unfolded() -> None:
     page = finding_page(BY_NAME["sink_free"], {"tasks": {}}, summary, ["sink_free.png"], None,
                         {"seeds": [0]}, "../assets/x")
     assert "no verdict of its own" in page
-    assert page.index("\n| softmax | 3.98 [3.9, 4.0] |") < page.index("??? note")
+    # brackets escaped: they render as written, never as a link
+    assert page.index("\n| softmax | 3.98 \\[3.9, 4.0\\] |") < page.index("??? note")
     assert "mechsink experiment sink_free --out runs/sink_free --seeds 0" in page

@@ -8,12 +8,11 @@ seconds from cached or committed results.
 
 from __future__ import annotations
 
-import html
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from docs.build.tables import cli_options, escape_cell_pipes, fmt, summary_body
+from docs.build.tables import cli_options, escape_cell_pipes, fmt, plain, summary_body
 
 
 @dataclass(frozen=True)
@@ -120,16 +119,6 @@ def _short(v: Any) -> str:
     if isinstance(v, list) and len(v) <= 6 and all(isinstance(x, int | float) for x in v):
         return "[" + ", ".join(fmt(x) for x in v) + "]"
     return ""
-
-
-#: Markdown's link, image and attribute-list brackets, escaped in :func:`plain`
-_MARKDOWN_BRACKETS = str.maketrans({c: f"\\{c}" for c in "[]{}"})
-
-
-def plain(text: Any) -> str:
-    """Text read from a result file, made inert for a Markdown page: HTML markup, links and
-    attribute lists in it are shown, not run (a result folder may come from anyone)."""
-    return html.escape(str(text), quote=False).translate(_MARKDOWN_BRACKETS)
 
 
 def _cell(text: str, *, markup: bool = False) -> str:

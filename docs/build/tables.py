@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -127,12 +128,39 @@ def settings_line(data: Mapping[str, Any]) -> str:
             f"seed {s['seed']}, eps = {s['eps']}, {s['dtype']} on {s['device']}")
 
 
+#: Markdown's link, image and attribute-list brackets, escaped in :func:`plain`
+_MARKDOWN_BRACKETS = str.maketrans({c: f"\\{c}" for c in "[]{}"})
+_CODE_SPAN = re.compile(r"(`+).+?\1")
+
+
+def plain(text: Any) -> str:
+    """Text read from a result file, made inert for a Markdown page: HTML markup, links and
+    attribute lists in it are shown, not run (a result folder may come from anyone)."""
+    return html.escape(str(text), quote=False).translate(_MARKDOWN_BRACKETS)
+
+
+def inert_line(line: str) -> str:
+    """A Markdown line with :func:`plain` applied to its text and its code spans kept."""
+    out, last = [], 0
+    for m in _CODE_SPAN.finditer(line):
+        out += [plain(line[last:m.start()]), m.group(0)]
+        last = m.end()
+    return "".join([*out, plain(line[last:])])
+
+
 def summary_body(md: str) -> str:
-    """A circuits ``summary.md`` without its title and image lines (the page has its own)."""
+    """A circuits ``summary.md`` without its title and image lines (the page has its own), its
+    text made inert (:func:`inert_line`: an experiment's summary quotes strings of its result
+    file, and an imported result may come from anyone; code blocks are kept as they are)."""
     lines: list[str] = []
+    fenced = False
     for line in md.splitlines():
         if line.startswith(("# ", "![")):
             continue
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            line = inert_line(line)
         if line.startswith("|"):
             if lines and lines[-1].strip() and not lines[-1].startswith("|"):
                 lines.append("")  # a Markdown table needs a blank line before it
