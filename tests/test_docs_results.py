@@ -296,5 +296,11 @@ def test_a_model_traced_without_bos_is_named_and_its_changes_say_so(tmp_path: Pa
     why = {c["claim"]: c["why"] for c in atlas_pages.changes(atlas)}
     assert why == {"C1": "the same criterion at n 4 → 16",
                    "C3": "traced on nobos (no sink behind BOS), at n 4 → 16"}
+    (tmp_path / "atlas" / results.PREVIOUS_FILE).write_text(json.dumps({
+        "settings": {**settings, "n": 4}, "made": "x",
+        "cells": {"q": {c: {**before, "criterion": "older"} for c in ("C1", "C3")}}}))
+    why = {c["claim"]: c["why"] for c in atlas_pages.changes(atlas)}
+    assert why == {"C1": "the criterion changed",
+                   "C3": "the criterion changed; traced on nobos (no sink behind BOS)"}
     plain_row = {**row, "model": "b", "folder": "b-0"}  # no step folder: traced with BOS
     assert atlas_pages.traced_variant(atlas, plain_row) == "bos"

@@ -238,9 +238,12 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
             new = m["cells"].get(claim)
             if old is not None and new is not None and old["verdict"] != new["verdict"]:
                 variant = traced_variant(atlas, m) if claim in TRACED_CLAIMS else "bos"
-                why = ("the criterion changed" if old.get("criterion") != new.get("criterion")
-                       else f"traced on {variant} (no sink behind BOS), at {settings}"
-                       if variant != "bos" else f"the same criterion at {settings}")
+                traced = f"traced on {variant} (no sink behind BOS)"
+                if old.get("criterion") != new.get("criterion"):
+                    why = "the criterion changed" + (f"; {traced}" if variant != "bos" else "")
+                else:
+                    why = (f"{traced}, at {settings}" if variant != "bos"
+                           else f"the same criterion at {settings}")
                 out.append({"claim": claim, "model": m["model"], "before": old["verdict"],
                             "now": new["verdict"], "move": _move(old["verdict"],
                                                                  new["verdict"]),

@@ -19,8 +19,8 @@ SNIPPETS = ("quickstart", "activation_patching", "path_patching", "interventions
 CIRCUITS = ("structural_origin", "p0_sink")  # experiments of mechsink.experiments
 #: the settings of the site's atlas (committed under docs/results/atlas, see docs.build.results):
 #: a committed atlas made with other settings is refused, not shown
-ATLAS = {"models": ["smollm2-135m", "gemma3-270m", "qwen2.5-0.5b", "organism:bb-gpt2-tiny",
-                    "random:llama-mini"],
+ATLAS = {"models": ["smollm2-135m", "gemma3-270m", "qwen2.5-0.5b", "qwen2.5-1.5b",
+                    "organism:bb-gpt2-tiny", "random:llama-mini"],
          "n": 16, "seq_len": 64, "n_census": 32, "seed": 0, "eps": DEFAULT_EPS}
 
 
