@@ -112,6 +112,21 @@ def test_token_preference_by_depth_matches_a_truncated_model_s_own_logits(spec):
     assert prefs[0].ratio == pytest.approx(hand_ratio(shallow), rel=1e-4)
 
 
+def test_token_preference_by_depth_is_the_same_unembedded_in_one_call_or_one_depth_a_call(
+        monkeypatch):
+    from mechsink.measure import seedprint
+
+    model = init_model("llama-tiny", seed=0)
+    stack = residual_stack(model, random_tokens(model, n=4, seq_len=5, seed=3))
+    together = depth_preference(model, stack)
+    monkeypatch.setattr(seedprint, "UNEMBED_ROWS", 1)  # one depth per call
+    alone = depth_preference(model, stack)
+    assert len(together) == len(alone) == stack.shape[0] - 1
+    for a, b in zip(together, alone, strict=True):
+        assert a.top_token == b.top_token
+        assert a.ratio == pytest.approx(b.ratio, rel=1e-5)
+
+
 def test_scaled_weights_scales_matrices_only_and_restores_them_bit_for_bit():
     model = init_model("llama-tiny", seed=0)
     params = list(hf_model_of(model).parameters())

@@ -37,10 +37,13 @@ from scipy import stats
 from torch import Tensor, nn
 
 from mechsink.errors import BadInputError
-from mechsink.model import act_name, hf_model_of, wrap_hf
+from mechsink.model import act_name, cache_blocks, hf_model_of, wrap_hf
 from mechsink.model.zoo import gpt2_tokenizer, random_config, seeded_model
 
 INIT_SCHEMES = ("hf", "torch", "tl-legacy")
+# positions unembedded per call when reading token preference at every depth: 256 rows of a
+# 262k vocabulary are 268 MB of float32 logits
+UNEMBED_ROWS = 256
 
 
 def init_model(spec: str, seed: int, scheme: str = "hf", n_layers: int | None = None) -> Any:
@@ -243,6 +246,7 @@ def error_rate(errors: int, n: int, confidence: float = 0.95) -> dict[str, float
 
 
 @torch.no_grad()
+@torch.no_grad()
 def residual_stack(model: Any, tokens: Int[Tensor, "n seq"], batch: int = 16
                    ) -> Float[Tensor, "depth n seq d_model"]:
     """The residual stream at every depth: entry ``k`` is the input of block ``k`` (entry 0 the
@@ -251,8 +255,8 @@ def residual_stack(model: Any, tokens: Int[Tensor, "n seq"], batch: int = 16
     names = [act_name("resid_pre", k) for k in range(n_layers)]
     names.append(act_name("resid_post", n_layers - 1))
     parts = []
-    for i in range(0, len(tokens), batch):
-        _, cache = model.run_with_cache(tokens[i: i + batch], names_filter=names)
+    for i in range(0, len(tokens), batch):  # the blocks only: nothing here reads the logits
+        cache = cache_blocks(model, tokens[i: i + batch], names)
         parts.append(torch.stack([cache[name].float().cpu() for name in names]))
         del cache
     return torch.cat(parts, dim=1)
@@ -312,8 +316,11 @@ def depth_preference(model: Any, stack: Float[Tensor, "depth n seq d_model"]
     from mechsink.model import unembed
 
     device = next(iter(model.parameters())).device
-    return [token_preference(unembed(model, stack[k][:, -1:].to(device))[:, 0].float().cpu())
-            for k in range(1, stack.shape[0])]
+    last = stack[1:, :, -1]  # [depth, n, d_model]: every depth's last position, one unembedding
+    per_call = max(1, UNEMBED_ROWS // max(1, last.shape[1]))  # depths per call
+    logits = [unembed(model, last[k:k + per_call].to(device)).float().cpu()
+              for k in range(0, last.shape[0], per_call)]
+    return [token_preference(row) for part in logits for row in part]
 
 
 class scaled_weights:
