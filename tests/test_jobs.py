@@ -191,3 +191,18 @@ def test_the_patch_command_checks_its_pair_in_the_job_before_any_model_loads(mon
                  "corrupted": "The dog sat", **options}
         with pytest.raises(MechsinkError, match=words):
             patch.check_command(**given)
+
+
+def test_every_sweep_job_is_checked_before_any_model_loads() -> None:
+    from mechsink.app import sweep
+
+    assert sorted(sweep._CHECK_ORDER) == sorted(JOBS)  # a job left out would go unchecked
+
+
+@pytest.mark.parametrize("spec", [patch.Spec, discover.Spec])
+def test_the_metric_help_names_every_metric_string(spec) -> None:
+    from mechsink.jobs.spec import help_of
+    from mechsink.patching.metrics import METRIC_FORMS
+
+    text = help_of(spec, "metric")
+    assert [name for name in METRIC_FORMS if name not in text] == []

@@ -232,12 +232,17 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
         return []
     out = []
     settings = _settings_change(prev["settings"], atlas.data["settings"])
+    variants: dict[str, str] = {}  # each model's traced variant, its result read once
     for claim in atlas.data["claims"]:
         for m in atlas.data["models"]:
             old = prev["cells"].get(m["model"], {}).get(claim)
             new = m["cells"].get(claim)
             if old is not None and new is not None and old["verdict"] != new["verdict"]:
-                variant = traced_variant(atlas, m) if claim in TRACED_CLAIMS else "bos"
+                variant = "bos"
+                if claim in TRACED_CLAIMS:
+                    if m["model"] not in variants:
+                        variants[m["model"]] = traced_variant(atlas, m)
+                    variant = variants[m["model"]]
                 traced = f"traced on {variant} (no sink behind BOS)"
                 if old.get("criterion") != new.get("criterion"):
                     why = "the criterion changed" + (f"; {traced}" if variant != "bos" else "")
