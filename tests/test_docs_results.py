@@ -275,7 +275,7 @@ def test_markup_in_an_imported_atlas_is_shown_not_run(atlas_run: Path, tmp_path:
 
 def test_a_model_traced_without_bos_is_named_and_its_changes_say_so(tmp_path: Path) -> None:
     """Where a model has no sink behind BOS its steps trace another first token: the home page
-    names it with its first-token rates, and a moved C2-C5 verdict says so in *why*."""
+    names it with its first-token rates, and a moved C2-C6 verdict says so in *why*."""
     step = tmp_path / "atlas" / "q-0" / "structural_origin"
     step.mkdir(parents=True)
     (step / "result.json").write_text(json.dumps({"traced_variant": "nobos"}))
@@ -287,7 +287,7 @@ def test_a_model_traced_without_bos_is_named_and_its_changes_say_so(tmp_path: Pa
         "models": [row], "claims": {"C1": "one", "C3": "three"}, "settings": settings}, {})
     assert atlas_pages.traced_variant(atlas, row) == "nobos"
     assert atlas_pages.traced_note(atlas) == (
-        "C2-C5 trace the sink with BOS first, except where a model has no sink behind BOS: "
+        "C2-C6 trace the sink with BOS first, except where a model has no sink behind BOS: "
         "`q` on nobos (natural-text sink rate at key 0: bos 0.020, nobos 0.557).")
     before = {**cell, "verdict": "not supported"}
     (tmp_path / "atlas" / results.PREVIOUS_FILE).write_text(json.dumps({

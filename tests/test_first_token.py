@@ -71,3 +71,32 @@ def test_a_saved_result_is_judged_again_by_the_current_criteria():
     assert data["verdicts"]["no BOS needed"]["verdict"] == "no sink to explain"  # not mutated
     other = ExperimentResult("query_bias_dose", {"verdicts": {"x": {}}})
     assert other.judged() is other  # an experiment without a verdicts function is left alone
+
+
+def test_the_query_bias_dose_traces_the_first_token_the_model_has_its_sink_behind(monkeypatch):
+    """C6 reads the sink where the model has it, like C2-C5: natural text with BOS unless there
+    is no sink behind BOS (a model like Qwen2.5-0.5B), then the variant ``traced_prompts``
+    chooses; the result records it."""
+    from mechsink import load_model
+    from mechsink.experiments import query_bias_dose
+
+    model = load_model("organism:bb-gpt2-tiny")  # trained: a query bias to dose
+    name = "bb-gpt2-tiny on natural text"  # not an organism name: no task inputs
+    n, seq_len = 8, 12
+    prompts = {v: make_prompts(model, "natural", v, n=n, seq_len=seq_len).tokens
+               for v in ("bos", "nobos", "randfirst")}
+    monkeypatch.setattr(query_bias_dose, "traced_prompts",
+                        lambda model, n_, t_: ("nobos", dict.fromkeys(prompts, 0.0), prompts))
+    seen = []
+    real = query_bias_dose.dose_response
+    monkeypatch.setattr(query_bias_dose, "dose_response",
+                        lambda model, tokens, *a, **k: seen.append(tokens) or real(
+                            model, tokens, *a, **k))
+    data = query_bias_dose.run(model, model_name=name, n=n, seq_len=seq_len,
+                               top=1, doses=(0.0, 0.5, 1.0)).data
+    assert data["traced_variant"] == "nobos" and "no sink behind BOS" in data["inputs"]
+    assert seen and all(t.equal(prompts["nobos"]) for t in seen)
+    monkeypatch.setattr(query_bias_dose, "traced_prompts", traced_prompts)  # the real choice
+    chosen = traced_prompts(model, n, seq_len)[0]
+    assert query_bias_dose.run(model, model_name=name, n=n, seq_len=seq_len,
+                               top=1, doses=(0.0, 0.5, 1.0)).data["traced_variant"] == chosen

@@ -24,17 +24,19 @@ CLAIM_STEP = {"C1": "structural_origin", "C2": "structural_origin", "C3": "struc
 VARIANTS = ("bos", "nobos", "randfirst")
 #: the claims whose experiment traces the sink on one first-token variant (C1's variance part
 #: reads its own inputs)
-TRACED_CLAIMS = ("C2", "C3", "C4", "C5")
+TRACED_CLAIMS = ("C2", "C3", "C4", "C5", "C6")
 
 
-def traced_variant(atlas: CommittedAtlas, row: Mapping[str, Any]) -> str:
-    """The first token a model's causal-chain steps traced the sink on (``bos`` unless the
-    model has no sink behind BOS; a result older than that choice traced on ``bos``)."""
-    for step in ("structural_origin", "p0_sink"):
+def traced_variant(atlas: CommittedAtlas, row: Mapping[str, Any],
+                   steps: tuple[str, ...] = ("structural_origin", "p0_sink")) -> str:
+    """The first token a model's causal-chain steps (the first of ``steps`` that holds a
+    result) traced the sink on (``bos`` unless the model has no sink behind BOS; a result
+    older than that choice traced on ``bos``)."""
+    for step in steps:
         folder = atlas.step(row, step)
         if folder is not None:
             data = json.loads((folder / "result.json").read_text(encoding="utf-8"))
-            return str(data.get("traced_variant", "bos"))
+            return str(data.get("traced_variant") or "bos")  # None: a task organism
     return "bos"
 
 
@@ -51,7 +53,7 @@ def traced_note(atlas: CommittedAtlas) -> str:
                        f"{shown})")
     if not off:
         return ""
-    return ("C2-C5 trace the sink with BOS first, except where a model has no sink behind BOS: "
+    return ("C2-C6 trace the sink with BOS first, except where a model has no sink behind BOS: "
             + "; ".join(off) + ".")
 
 
@@ -232,7 +234,7 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
         return []
     out = []
     settings = _settings_change(prev["settings"], atlas.data["settings"])
-    variants: dict[str, str] = {}  # each model's traced variant, its result read once
+    variants: dict[tuple[str, str], str] = {}  # (model, step) -> traced variant, read once
     for claim in atlas.data["claims"]:
         for m in atlas.data["models"]:
             old = prev["cells"].get(m["model"], {}).get(claim)
@@ -240,9 +242,10 @@ def changes(atlas: CommittedAtlas) -> list[dict[str, str]]:
             if old is not None and new is not None and old["verdict"] != new["verdict"]:
                 variant = "bos"
                 if claim in TRACED_CLAIMS:
-                    if m["model"] not in variants:
-                        variants[m["model"]] = traced_variant(atlas, m)
-                    variant = variants[m["model"]]
+                    key = (m["model"], CLAIM_STEP[claim])
+                    if key not in variants:
+                        variants[key] = traced_variant(atlas, m, (CLAIM_STEP[claim],))
+                    variant = variants[key]
                 traced = f"traced on {variant} (no sink behind BOS)"
                 if old.get("criterion") != new.get("criterion"):
                     why = "the criterion changed" + (f"; {traced}" if variant != "bos" else "")

@@ -28,6 +28,7 @@ from mechsink.interventions.bias_targets import (
     query_bias_set,
 )
 from mechsink.interventions.dose import DEFAULT_DOSES, dose_response
+from mechsink.interventions.first_token import traced_prompts
 from mechsink.interventions.stats import (
     LEVEL,
     MIN_N_APART,
@@ -69,7 +70,8 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
         batch_size: int = 8) -> ExperimentResult:
     """Dose each part of the query-bias circuit in the layers of the ``top`` strongest sink
     heads, on ``n`` sequences of ``seq_len`` tokens (the organism's task for a task organism,
-    natural text with BOS otherwise).
+    natural text otherwise: with BOS unless the model has no sink behind BOS,
+    :func:`~mechsink.interventions.first_token.traced_prompts`).
 
     ``n``: sequences; ``seq_len``: tokens per sequence; ``top``: sink heads whose layers are
     dosed; ``doses``: factors (must hold 0 and 1); ``rotation_seed``: the W_K rotation's and the
@@ -82,14 +84,21 @@ def run(model: Any, *, model_name: str | None = None, n: int = 16, seq_len: int 
     if top < 1:
         raise BadInputError(f"top must be at least 1, got {top}.")
     model_name = model_name or model.cfg.model_name
-    tokens = inputs(model, model_name, n, seq_len)
+    variant = None  # a task organism reads its own task
+    if task_of(model_name) is not None:
+        tokens = inputs(model, model_name, n, seq_len)
+    else:  # natural text with BOS, unless the model has no sink behind BOS
+        variant, _, prompts = traced_prompts(model, n, seq_len)
+        tokens = prompts[variant]
     base = head_scores(model, tokens)
     order = base.flatten().argsort(descending=True)[:top].tolist()
     heads = [(i // base.shape[1], i % base.shape[1]) for i in order]
     layers = sorted({lay for lay, _ in heads if query_bias(model, lay) is not None})
     data: dict[str, Any] = {
         "schema": SCHEMA, "model": model_name, "n": n, "seq_len": seq_len, "seed": rotation_seed,
-        "inputs": "task" if task_of(model_name) else "natural text, BOS",
+        "inputs": "task" if variant is None else "natural text, BOS" if variant == "bos"
+        else f"natural text, first token {variant} (no sink behind BOS)",
+        "traced_variant": variant,
         "sink_heads": [{"layer": lay, "head": h, "sink_score": float(base[lay, h])}
                        for lay, h in heads],
         "layers": layers, "curves": {}, "verdicts": {}}
