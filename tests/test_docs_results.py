@@ -186,6 +186,9 @@ def test_relative_command_names_the_output_folder_by_its_own_name(tmp_path: Path
     assert (results.relative_command(command, run)
             == "mechsink experiment atlas --out atlas-n32 --n 32")
     assert results.relative_command(None, run) is None
+    for program in ("/home/x/.venv/bin/mechsink", ".venv/bin/mechsink"):  # the program by name
+        assert (results.relative_command(f"{program} experiment atlas --out {run}", run)
+                == "mechsink experiment atlas --out atlas-n32")
 
 
 def test_a_grid_cell_holds_one_key_number_with_its_interval() -> None:

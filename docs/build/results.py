@@ -171,12 +171,16 @@ def atlas_files(src: Path) -> dict[str, Any]:
 
 
 def relative_command(command: str | None, folder: Path) -> str | None:
-    """The run's command with the folder it wrote named by its own name (a committed
-    manifest holds no path of the machine that made it)."""
+    """The run's command with the folder it wrote named by its own name and the program by
+    its name (``/somewhere/.venv/bin/mechsink`` -> ``mechsink``): a committed manifest holds
+    no path of the machine that made it."""
     if command is None:
         return None
     for form in {str(folder), str(folder.resolve())}:
         command = command.replace(form, folder.name)
+    program, _, rest = command.partition(" ")
+    if os.path.isabs(program) or os.sep in program:
+        command = " ".join(part for part in (os.path.basename(program), rest) if part)
     return command
 
 
