@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import inspect
 import json
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -206,3 +207,25 @@ def test_the_metric_help_names_every_metric_string(spec) -> None:
 
     text = help_of(spec, "metric")
     assert [name for name in METRIC_FORMS if name not in text] == []
+
+
+def _spec_keywords(command) -> set[str]:
+    """The keywords the command's body passes to its job's ``Spec(...)``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(command)))
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Attribute) and node.func.attr == "Spec"]
+    assert calls, f"{command.__name__} builds no Spec"
+    return {k.arg for call in calls for k in call.keywords if k.arg}
+
+
+@pytest.mark.parametrize("command, spec, elsewhere", [
+    (cli.scan, census.Spec, set()),
+    # the sweep's own pairs; --layers / --positions go as text to patch's check_command
+    (cli.patch, patch.Spec, {"pairs", "pairs_per_shard", "layers", "positions"}),
+    (cli.discover, discover.Spec, set()),
+])
+def test_the_command_line_hands_its_job_every_option(command, spec, elsewhere) -> None:
+    """A spec field the command forgets to pass would keep its default whatever the user
+    typed: the command's ``Spec(...)`` names every field a command line has."""
+    fields = {f.name for f in dataclasses.fields(spec)}
+    assert fields - elsewhere - _spec_keywords(command) == set()
