@@ -6,9 +6,13 @@ tensors, the census chunks, the readout under edits) sizes its work by one numbe
 otherwise a fraction of what the model's device has free once the model is loaded:
 
 - CPU: :data:`CPU_FRACTION` of the kernel's ``MemAvailable`` (``/proc/meminfo``; psutil
-  where there is no such file). A quarter: the planners count the activations of one forward,
-  not the allocator's slack, autograd's saved tensors or the other programs that share the
-  machine meanwhile;
+  where there is no such file), but never more than ``MemTotal`` less this process's resident
+  memory: weights loaded in their own dtype stay memory-mapped from their files, and the
+  kernel counts such clean file pages as available, so an 8B-shaped model in bfloat16 (15.4
+  GiB resident on a 23.4 GiB machine) left 22.4 GiB "available" and a budget that took the
+  run to 22.2 GiB. A quarter: the planners count the activations of one forward, not the
+  allocator's slack, autograd's saved tensors or the other programs that share the machine
+  meanwhile;
 - CUDA: :data:`CUDA_FRACTION` of ``torch.cuda.mem_get_info``'s free bytes: the device is
   usually this process's own, but the caching allocator fragments and cuBLAS needs workspace;
 
@@ -34,33 +38,54 @@ FLOOR = 256 * MiB
 CAP = 16 * GiB
 #: where the kernel says how much memory it can give without swapping
 MEMINFO = "/proc/meminfo"
+#: where it says how much of it this process holds (``VmRSS``)
+SELF_STATUS = "/proc/self/status"
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
           "gb": 1000**3, "t": 1000**4, "tb": 1000**4, "kib": 2**10, "mib": MiB, "gib": GiB,
           "tib": 2**40}
 
 
+def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:
+    """``name: N kB`` lines of a ``/proc`` file, in bytes (those it has; none when unreadable)."""
+    out: dict[str, int] = {}
+    try:
+        with open(path, encoding="ascii") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in names and value.split():
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
 def free_memory(device: torch.device | str | None = None) -> int | None:
     """Bytes the device has free now (None when it cannot be read): CUDA's free device
-    memory, or the CPU's available memory (what the kernel can give without swapping)."""
+    memory, or the CPU's available memory (what the kernel can give without swapping), at
+    most the machine's memory less what this process holds (its memory-mapped weights
+    included, which the kernel counts as available)."""
     dev = torch.device("cpu" if device is None else device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
     if dev.type != "cpu":
         return None
-    try:
-        with open(MEMINFO, encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)
+    machine = _kib_fields(MEMINFO, ("MemAvailable", "MemTotal"))
+    if "MemAvailable" in machine:
+        available, total = machine["MemAvailable"], machine.get("MemTotal")
+        held = _kib_fields(SELF_STATUS, ("VmRSS",)).get("VmRSS")
+    else:
+        try:
+            import psutil
+        except ImportError:
+            return None
+        vm = psutil.virtual_memory()
+        available, total = int(vm.available), int(vm.total)
+        held = int(psutil.Process().memory_info().rss)
+    if total is not None and held is not None:
+        available = min(available, max(0, total - held))
+    return int(available)
 
 
 def derived_budget(device: torch.device | str | None = None) -> int:
