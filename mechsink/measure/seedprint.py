@@ -246,7 +246,6 @@ def error_rate(errors: int, n: int, confidence: float = 0.95) -> dict[str, float
 
 
 @torch.no_grad()
-@torch.no_grad()
 def residual_stack(model: Any, tokens: Int[Tensor, "n seq"], batch: int = 16
                    ) -> Float[Tensor, "depth n seq d_model"]:
     """The residual stream at every depth: entry ``k`` is the input of block ``k`` (entry 0 the
@@ -318,9 +317,11 @@ def depth_preference(model: Any, stack: Float[Tensor, "depth n seq d_model"]
     device = next(iter(model.parameters())).device
     last = stack[1:, :, -1]  # [depth, n, d_model]: every depth's last position, one unembedding
     per_call = max(1, UNEMBED_ROWS // max(1, last.shape[1]))  # depths per call
-    logits = [unembed(model, last[k:k + per_call].to(device)).float().cpu()
-              for k in range(0, last.shape[0], per_call)]
-    return [token_preference(row) for part in logits for row in part]
+    prefs = []
+    for k in range(0, last.shape[0], per_call):  # one call's logits held at a time
+        logits = unembed(model, last[k:k + per_call].to(device)).float().cpu()
+        prefs += [token_preference(row) for row in logits]
+    return prefs
 
 
 class scaled_weights:
