@@ -10,7 +10,11 @@ otherwise a fraction of what the model's device has free once the model is loade
   memory: weights loaded in their own dtype stay memory-mapped from their files, and the
   kernel counts such clean file pages as available, so an 8B-shaped model in bfloat16 (15.4
   GiB resident on a 23.4 GiB machine) left 22.4 GiB "available" and a budget that took the
-  run to 22.2 GiB. A quarter: the planners count the activations of one forward, not the
+  run to 22.2 GiB. Before reading, the C allocator hands back to the kernel what this process
+  has freed but still holds (glibc's ``malloc_trim``): earlier steps' activations, freed,
+  would otherwise count as held (1.5 GiB after a census and two patching runs on that model,
+  enough to refuse the edge discovery that followed). A quarter: the planners count the
+  activations of one forward, not the
   allocator's slack, autograd's saved tensors or the other programs that share the machine
   meanwhile;
 - CUDA: :data:`CUDA_FRACTION` of ``torch.cuda.mem_get_info``'s free bytes: the device is
@@ -24,7 +28,10 @@ into an out-of-memory kill).
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,17 +67,39 @@ def _kib_fields(path: str, names: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim`` (None under another C library, or where none can be loaded)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the C library this process already runs on
+    except (OSError, AttributeError, TypeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+def release_freed_heap() -> bool:
+    """Hand back to the kernel the heap memory this process has freed but the C allocator
+    still holds, so that what the process holds is what it uses; False where it cannot."""
+    trim = _malloc_trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def free_memory(device: torch.device | str | None = None) -> int | None:
     """Bytes the device has free now (None when it cannot be read): CUDA's free device
     memory, or the CPU's available memory (what the kernel can give without swapping), at
     most the machine's memory less what this process holds (its memory-mapped weights
-    included, which the kernel counts as available)."""
+    included, which the kernel counts as available; heap it has freed, handed back first)."""
     dev = torch.device("cpu" if device is None else device)
     if dev.type == "cuda":
         free, _total = torch.cuda.mem_get_info(dev)
         return int(free)
     if dev.type != "cpu":
         return None
+    release_freed_heap()
     machine = _kib_fields(MEMINFO, ("MemAvailable", "MemTotal"))
     if "MemAvailable" in machine:
         available, total = machine["MemAvailable"], machine.get("MemTotal")
