@@ -264,7 +264,7 @@ def test_methods_are_found_in_the_registry(llama_tiny):
     """Every method is a registered file; a new one is one register() call, and discover()
     and score_edges run it by name with the options it declares."""
     from mechsink.discover import METHODS, discover, register, score_edges
-    from mechsink.discover.methods import _REGISTRY, options_for
+    from mechsink.discover.methods import _REGISTRY, Option, options_for
     from mechsink.discover.scores import result
 
     assert list(METHODS) == ["eap", "eap-ig", "exact"]
@@ -273,7 +273,7 @@ def test_methods_are_found_in_the_registry(llama_tiny):
     assert options_for("exact", {"qk_fix": True, "batch_size": 2}) == {"batch_size": 2}
     calls = []
 
-    @register("by-sender")
+    @register("by-sender", options=(Option("verify", int, 0, "edges to re-check"),))
     def by_sender(run, *, verify: int = 0):
         """Every edge scored by its sender's number (a test method)."""
         calls.append(verify)
@@ -299,7 +299,7 @@ def test_methods_declare_the_choices_the_command_line_checks():
     from the registry (no import of a method's module), and a method cannot declare choices
     for an option it does not take."""
     from mechsink.discover import register
-    from mechsink.discover.methods import _REGISTRY, METHODS, option_choices
+    from mechsink.discover.methods import _REGISTRY, METHODS, Option, option_choices
     from mechsink.discover.methods.eap_ig import CONVENTIONS, PATHS
     from mechsink.jobs.discover import Spec, check_choices
     from mechsink.jobs.spec import SettingError
@@ -307,8 +307,9 @@ def test_methods_declare_the_choices_the_command_line_checks():
     assert METHODS["eap-ig"].choices == {"ig": PATHS, "convention": CONVENTIONS}
     assert option_choices() == {"ig": PATHS, "convention": CONVENTIONS}
     with pytest.raises(ValueError, match="does not take"):
-        register("bad-choices", choices={"steps": ("a",)})(lambda run, *, ig="x": None)
+        register("bad-choices", options=(Option("steps", str, "a", "", choices=("a",)),))(
+            lambda run, *, ig="x": None)
     assert "bad-choices" not in _REGISTRY
-    spec = Spec(metric="kl", ig="gradients")
+    spec = Spec(metric="kl", method_options={"ig": "gradients"})
     with pytest.raises(SettingError, match="--ig must be inputs, activations or coefficients"):
         check_choices(spec)

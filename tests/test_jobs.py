@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from mechsink.app import cli
 from mechsink.app.sweep import load_spec, run_sweep
+from mechsink.discover.methods import declared_options
 from mechsink.errors import BadInputError, MechsinkError
 from mechsink.jobs import JOBS, census, discover, job, patch
 
@@ -29,7 +30,8 @@ def _cli_defaults(command) -> dict:
     (cli.scan, census.Spec, {"suites": None, "variants": None}),
     (cli.patch, patch.Spec, {"layers": None, "positions": None, "pairs": None,
                              "pairs_per_shard": None}),
-    (cli.discover, discover.Spec, {"metric": None}),
+    # the methods' options: one flag each, from the registry (test_discover_options.py)
+    (cli.discover, discover.Spec, {"metric": None, "method_options": None}),
 ])
 def test_the_command_line_takes_its_defaults_from_the_spec(command, spec, renamed) -> None:
     """Every option of the job the command has, with the spec's default (those it spells
@@ -62,6 +64,9 @@ def test_the_sweep_tables_are_the_specs() -> None:
         module = job(name)
         fields = {f.name: f for f in dataclasses.fields(module.Spec)}
         for key, (_types, value) in module.TABLE.items():
+            if name == "discover" and key in discover.method_table():
+                assert value == declared_options()[key].default, key  # the method's own
+                continue
             assert fields[key].metadata["sweep"], (name, key)
             if not (name == "census" and key in census.SWEEP_DEFAULTS):
                 plain = fields[key].default

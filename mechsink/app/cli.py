@@ -589,7 +589,30 @@ def _DH(name: str) -> str:
     return help_of(discover_job.Spec, name)
 
 
+def _method_flags(after: str) -> Callable[[Callable[..., typing.Any]], Callable[..., typing.Any]]:
+    """A command whose ``**method_options`` become one option per command-line option of the
+    discovery methods (:func:`mechsink.discover.methods.declared_options`: name, type,
+    default, help; a bool as ``--x/--no-x``), placed after parameter ``after``: typer reads
+    the ``__signature__`` this sets, so a method's new option is a flag without editing here."""
+    from mechsink.discover.methods import declared_options
+
+    def flags(f: Callable[..., typing.Any]) -> Callable[..., typing.Any]:
+        sig = inspect.signature(f, eval_str=True)
+        params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = [p.name for p in params].index(after) + 1
+        made = [inspect.Parameter(o.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                  default=typer.Option(o.default, help=o.help),
+                                  annotation=o.type if o.default is not None
+                                  else o.type | None)
+                for o in declared_options(command_line=True).values()]
+        f.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*params[:at], *made, *params[at:]])
+        return f
+    return flags
+
+
 @app.command()
+@_method_flags(after="seq_len")
 def discover(
     model: str = typer.Argument(..., help="zoo name, e.g. smollm2-135m or random:gpt2-tiny"),
     metric: str = typer.Option(..., help=_DH("metric")),
@@ -602,11 +625,6 @@ def discover(
     positions: str | None = typer.Option(_D("positions"), help=_DH("positions")),
     n: int = typer.Option(_D("n"), help=_DH("n")),
     seq_len: int = typer.Option(_D("seq_len"), help=_DH("seq_len")),
-    steps: int = typer.Option(_D("steps"), help=_DH("steps")),
-    ig: str = typer.Option(_D("ig"), help=_DH("ig")),
-    qk_fix: bool = typer.Option(_D("qk_fix"), help=_DH("qk_fix")),
-    convention: str = typer.Option(_D("convention"), help=_DH("convention")),
-    verify: int = typer.Option(_D("verify"), help=_DH("verify")),
     max_exact: int = typer.Option(_D("max_exact"), help=_DH("max_exact")),
     select: str = typer.Option(_D("select"), help=_DH("select")),
     edges: int | None = typer.Option(_D("edges"), help=_DH("edges")),
@@ -621,19 +639,22 @@ def discover(
     export: str = typer.Option(_D("export"), help=_DH("export")),
     memory_budget: str | None = typer.Option(_D("memory_budget"), "--memory-budget",
                                              help=_DH("memory_budget")),
+    **method_options: typing.Any,
 ) -> None:
     """Edge-level circuit discovery: score every edge (EAP, EAP-IG, exact edge patching or
-    another registered method), pick a circuit and draw its faithfulness curves."""
+    another registered method), pick a circuit and draw its faithfulness curves. A method's
+    options (--steps, --ig, ...) are the ones its file declares; a method uses those it
+    takes."""
     from mechsink.io import check_writable
     from mechsink.model import load_model
     from mechsink.model.zoo.devices import resolve_dtype
 
     spec = discover_job.Spec(
         metric=metric, method=method, clean=clean, corrupted=corrupted, ablation=ablation,
-        positions=positions, n=n, seq_len=seq_len, steps=steps, ig=ig, qk_fix=qk_fix,
-        convention=convention, verify=verify, max_exact=max_exact, select=select, edges=edges,
-        target=target, curves=curves, prepend_bos=prepend_bos, discovery_seed=discovery_seed,
-        neurons=neurons, export=export, memory_budget=memory_budget)
+        positions=positions, n=n, seq_len=seq_len, max_exact=max_exact, select=select,
+        edges=edges, target=target, curves=curves, prepend_bos=prepend_bos,
+        discovery_seed=discovery_seed, neurons=neurons, export=export,
+        memory_budget=memory_budget, method_options=method_options)
     try:  # every check that needs no model, before loading one
         discover_job.check(spec, [model], option=cli_name)
         _check_device(device)

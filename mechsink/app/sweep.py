@@ -61,8 +61,8 @@ TOP_KEYS = {"models": list, "training_runs": list, "jobs": list, "device": str, 
 
 def _table(job: str) -> dict[str, tuple[tuple[type, ...], Any]]:
     """The settings job ``job``'s table takes: name -> (accepted types, default), read off
-    the job's spec (:mod:`mechsink.jobs`)."""
-    return jobs_module(job).TABLE
+    the job's spec (:mod:`mechsink.jobs`; discover's adds the methods' options)."""
+    return dict(jobs_module(job).TABLE)
 
 
 # --- the spec ----------------------------------------------------------------------------------

@@ -7,27 +7,47 @@ name: :func:`eap`, :func:`eap_ig`, :func:`exact_scores`; :func:`score_edges` cal
 name) score every edge; :mod:`mechsink.discover.circuit` picks and evaluates circuits,
 :mod:`mechsink.discover.curves` draws their curves with a random baseline,
 :mod:`mechsink.viz.discover` draws both; :func:`discover` does it all.
+
+The names below import on first use, so reading the method registry (as the command line does
+at start-up) does not pull in torch.
 """
 
-from mechsink.discover.circuit import (
-    Circuit,
-    edges_from_names,
-    faithfulness,
-    greedy,
-    node_circuit_edges,
-    top_n,
-)
-from mechsink.discover.curves import Curve, auc, curve, default_sizes, sets_curve
-from mechsink.discover.export import load_edge_list, save_edge_list
-from mechsink.discover.graph import Graph, MetricPoint, metric_point, parse_neurons
-from mechsink.discover.graph_run import GraphRun, graph_mode
-from mechsink.discover.methods import METHODS, register, score_edges
-from mechsink.discover.methods.eap import eap
-from mechsink.discover.methods.eap_ig import eap_ig
-from mechsink.discover.methods.exact import exact_scores
-from mechsink.discover.pipeline import Discovery, discover
-from mechsink.discover.scores import EdgeScores
-from mechsink.patching.nodes import Receiver, Sender
+from importlib import import_module
+from typing import Any
+
+# name -> the module that defines it
+_LAZY = {
+    **dict.fromkeys(("Circuit", "edges_from_names", "faithfulness", "greedy",
+                     "node_circuit_edges", "top_n"), "mechsink.discover.circuit"),
+    **dict.fromkeys(("Curve", "auc", "curve", "default_sizes", "sets_curve"),
+                    "mechsink.discover.curves"),
+    **dict.fromkeys(("load_edge_list", "save_edge_list"), "mechsink.discover.export"),
+    **dict.fromkeys(("Graph", "MetricPoint", "metric_point", "parse_neurons"),
+                    "mechsink.discover.graph"),
+    **dict.fromkeys(("GraphRun", "graph_mode"), "mechsink.discover.graph_run"),
+    **dict.fromkeys(("METHODS", "register", "score_edges"), "mechsink.discover.methods"),
+    "eap": "mechsink.discover.methods.eap",
+    "eap_ig": "mechsink.discover.methods.eap_ig",
+    "exact_scores": "mechsink.discover.methods.exact",
+    **dict.fromkeys(("Discovery", "discover"), "mechsink.discover.pipeline"),
+    "EdgeScores": "mechsink.discover.scores",
+    **dict.fromkeys(("Receiver", "Sender"), "mechsink.patching.nodes"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The names above on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mechsink.discover' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "METHODS", "Circuit", "Curve", "Discovery", "EdgeScores", "Graph", "GraphRun",

@@ -4,6 +4,7 @@ ablation, save JSON and figures. What ``mechsink discover`` and the p0_edges exp
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from mechsink.discover.circuit import (
 from mechsink.discover.curves import Curve, curve, default_sizes
 from mechsink.discover.graph import Graph
 from mechsink.discover.graph_run import GraphRun
-from mechsink.discover.methods import get, options_for, score_edges
+from mechsink.discover.methods import check_options, declared_options, score_edges
 from mechsink.discover.scores import EdgeScores, fmt, strict_json
 from mechsink.errors import BadInputError
 from mechsink.io import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -119,10 +120,6 @@ def discover(
     ablation: str | None = None,
     positions: Sequence[int] | None = None,
     method: str = "eap-ig",
-    steps: int = 5,
-    ig: str = "activations",
-    qk_fix: bool = True,
-    verify: int = 20,
     select: str = "top",
     n_edges: int | None = None,
     target: float = 0.9,
@@ -131,19 +128,22 @@ def discover(
     prepend_bos: bool | None = None,
     seed: int = 0,
     neurons: Mapping[int, Sequence[int]] | str | None = None,
-    convention: str = "mechsink",
     memory_budget: int | str | None = None,
     max_exact: int = 1000,
+    **method_options: Any,
 ) -> Discovery:
-    """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`;
-    it gets those of ``steps``, ``ig``, ``qk_fix`` and ``verify`` it takes), select a circuit
+    """Score every edge with ``method`` (a name in :data:`mechsink.discover.methods.METHODS`)
+    and ``method_options``, the options the methods declare (e.g. ``steps``, ``ig``,
+    ``qk_fix``, ``verify``, ``convention``; the method gets those it takes, the declared
+    default for the others, and an option only another method takes is checked and left out;
+    :func:`~mechsink.discover.methods.check_options`), select a circuit
     (``select="top"``: the ``n_edges`` best, default the smallest measured size reaching
     ``target``; ``"greedy"``), and draw its faithfulness curve under the scoring corruption
     and each of ``curve_ablations``. ``seed``: the resample ablation's and the random
     baselines' seed. ``neurons`` (layer -> indices, e.g. ``{11: [1229, 1487]}``): those MLP
     neurons are graph nodes of their own (:class:`~mechsink.discover.graph_run.GraphRun`;
-    ``"super"``: the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's step
-    points and sums as the reference implementation computes them
+    ``"super"``: the census's complete super-neuron sets). ``convention="reference"``: EAP-IG's
+    step points and sums as the reference implementation computes them
     (:func:`~mechsink.discover.methods.eap_ig.eap_ig`), to reproduce published numbers.
     ``memory_budget``: bytes (or ``"2GiB"``) the
     run's tensors may hold (default: a share of what the device has free; a run that cannot
@@ -153,16 +153,14 @@ def discover(
     on exact scores alone, up to ``max_exact`` exact edges (:func:`rest_on_exact`)."""
     if select not in ("top", "greedy"):
         raise BadInputError(f"select must be 'top' or 'greedy', got {select!r}.")
-    get(method)  # an unknown method is refused before any forward
+    options = check_options(method, method_options)  # before any forward
     check_selection(n_edges, target)
     prepend_bos = explicit_bos(prepend_bos, clean, corrupted, where="discover")
     run = GraphRun(model, clean, metric, corrupted=corrupted, ablation=ablation,
                    positions=positions, prepend_bos=prepend_bos, seed=seed, neurons=neurons,
                    memory_budget=memory_budget)
     check_selection(n_edges, target, run.graph.n_edges)  # before any scoring
-    kw = options_for(method, {"qk_fix": qk_fix, "verify": verify, "steps": steps, "ig": ig,
-                              "convention": convention})
-    scores = score_edges(run, method, **kw)
+    scores = score_edges(run, method, **options)
     order = scores.order().tolist()
     curves = [curve(run, order, label=method, n_random=n_random, seed=seed)]
     if select == "greedy":
@@ -185,6 +183,22 @@ def discover(
         "ablation") or "counterfactual", "n_edges_total": run.graph.n_edges,
         "faithfulness_gap": gap(run)}
     return Discovery(scores, circuit, curves, meta)
+
+
+def _with_method_options(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with every registered method's options as keywords of their own,
+    with the declared defaults (what ``help()`` and ``inspect.signature`` show), before its
+    ``**method_options``."""
+    sig = inspect.signature(fn)
+    params = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    declared = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=o.default,
+                                  annotation=o.type.__name__)
+                for o in declared_options().values()]
+    return sig.replace(parameters=[*params, *declared, *(p for p in sig.parameters.values()
+                                                         if p.kind is p.VAR_KEYWORD)])
+
+
+discover.__signature__ = _with_method_options(discover)  # type: ignore[attr-defined]
 
 
 def rest_on_exact(run: GraphRun, scores: EdgeScores, n: int, max_exact: int

@@ -3,7 +3,8 @@ table (one discovery per model, each written as ``mechsink discover --out`` writ
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from mechsink.jobs.spec import (
     NUM,
     SettingError,
     at,
+    cli_name,
     from_settings,
     parse_numbers,
     setting,
@@ -44,16 +46,6 @@ class Spec:
                                     "(comma-separated; 'all' for every position)")
     n: int = setting(8, (int,), "natural prompts when --clean is not given")
     seq_len: int = setting(32, (int,), "tokens per natural prompt")
-    steps: int = setting(5, (int,), "EAP-IG interpolation steps")
-    ig: str = setting("activations", (str,), "EAP-IG's path from clean to corrupted: inputs "
-                      "(the embedding), activations (one sender group at a time) or "
-                      "coefficients (every edge at once; memory grows with the graph)")
-    qk_fix: bool = setting(True, (bool,), "AtP*'s QK fix for edges into queries and keys")
-    convention: str = setting("mechsink", (str,), "EAP-IG's step points and sums: mechsink "
-                              "(midpoints; a group's edges from its own runs) or reference (as "
-                              "the reference EAP-IG implementation, to reproduce published "
-                              "numbers; add --no-qk-fix)")
-    verify: int = setting(20, (int,), "re-patch this many top edges exactly")
     max_exact: int = setting(1000, (int,), "when the re-patch disagrees with the method, patch "
                              "the circuit's edges exactly and select again, up to this many "
                              "exact edges")
@@ -77,17 +69,55 @@ class Spec:
     memory_budget: str | None = setting(None, (str,), "bytes of activations to plan for, e.g. "
                                         "2GiB or 512MiB (default: a share of the device's free "
                                         "memory)", sweep=False)
+    method_options: Mapping[str, Any] = dataclasses.field(
+        default_factory=dict, metadata={"types": (dict,), "help": "the methods' own options "
+                                        "(option -> value, as the registry declares them)",
+                                        "sweep": False, "required": False})
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> Spec:
+        """A spec from a sweep's flat settings: the methods' options (``steps = 10``) gathered
+        into ``method_options``, other keys (a shard's) left out."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"method_options"}
+        options = method_table()
+        return cls(**{k: v for k, v in settings.items() if k in names},
+                   method_options={k: v for k, v in settings.items() if k in options})
 
 
-TABLE = sweep_table(Spec)
+def method_table() -> dict[str, tuple[tuple[type, ...], Any]]:
+    """The methods' command-line options as sweep settings: name -> (accepted types,
+    declared default), read off the registry (:mod:`mechsink.discover.methods`)."""
+    from mechsink.discover.methods import declared_options
+
+    return {name: (NUM if o.type is float else (o.type,), o.default)
+            for name, o in declared_options(command_line=True).items()}
+
+
+class _Table(Mapping[str, tuple[tuple[type, ...], Any]]):
+    """The sweep's ``[discover]`` table: the spec's settings and every method's options, read
+    when used (a method registered later is in it)."""
+
+    def _items(self) -> dict[str, tuple[tuple[type, ...], Any]]:
+        return {**sweep_table(Spec), **method_table()}
+
+    def __getitem__(self, key: str) -> tuple[tuple[type, ...], Any]:
+        return self._items()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return len(self._items())
+
+
+TABLE: Mapping[str, tuple[tuple[type, ...], Any]] = _Table()
 
 
 def check_choices(spec: Spec) -> list[str]:
-    """The method, ablations, prompt counts and choices (a
+    """The method, ablations, prompt counts, the selection and the methods' options (a
     :class:`~mechsink.jobs.spec.SettingError` naming the option); returns the curves' extra
     ablations."""
-    from mechsink.discover import METHODS
-    from mechsink.discover.methods import option_choices
+    from mechsink.discover.methods import METHODS
     from mechsink.interventions.ablation import KINDS
 
     if spec.method not in METHODS:
@@ -100,13 +130,27 @@ def check_choices(spec: Spec) -> list[str]:
                                "curves" if a in extra else "ablation")
     if spec.corrupted and len(spec.corrupted) != len(spec.clean or []):
         raise SettingError("give one --corrupted prompt per --clean prompt.", "corrupted")
-    choices = {**option_choices(), "select": SELECTIONS}  # the methods declare theirs
-    for key, value, allowed in ((k, getattr(spec, k), choices[k])
-                                for k in ("ig", "select", "convention")):
-        if value not in allowed:
-            raise SettingError(f"--{key} must be {', '.join(allowed[:-1])} or {allowed[-1]}, "
-                               f"got {value!r}.", key)
+    if spec.select not in SELECTIONS:
+        raise SettingError(f"--select must be {', '.join(SELECTIONS[:-1])} or "
+                           f"{SELECTIONS[-1]}, got {spec.select!r}.", "select")
+    check_method_options(spec)
     return extra
+
+
+def check_method_options(spec: Spec) -> None:
+    """Each of ``spec.method_options`` as the registry declares it (type, choices, minimum):
+    a :class:`~mechsink.jobs.spec.SettingError` naming the option."""
+    from mechsink.discover.methods import METHODS, find_option
+
+    for key, value in spec.method_options.items():
+        option = find_option(spec.method, key)
+        if option is None:
+            takes = ", ".join(cli_name(k) for k in METHODS[spec.method].options)
+            raise SettingError(f"{cli_name(key)} is no option of a discovery method (method "
+                               f"{spec.method!r} takes {takes or 'none'}).", key)
+        problem = option.problem(value)
+        if problem:
+            raise SettingError(f"{cli_name(key)} {problem}.", key)
 
 
 def positions_of(spec: Spec) -> list[int] | None:
@@ -149,9 +193,8 @@ def check(spec: Spec, models: Sequence[str] = (),
     metric = at("metric", settings.read_metric, spec.metric)  # parsed once, here
     if spec.corrupted is None:  # an ablation corrupts: no corrupted prompt predicts a token
         at("metric", check_without_corrupted, metric)
-    if spec.steps < 1 or spec.verify < 0 or spec.n < 1 or spec.max_exact < 0:
-        at("steps", _refuse, "--steps and --n must be positive, --verify and --max-exact "
-           "non-negative.")
+    if spec.n < 1 or spec.max_exact < 0:
+        at("n", _refuse, "--n must be positive, --max-exact non-negative.")
     at("clean", check_no_empty_prompt, spec.clean, spec.corrupted)
     at("edges", check_selection, spec.edges, spec.target)  # against the graph once built
     at("neurons", parse_neurons, None if spec.neurons is None else list(spec.neurons))
@@ -198,16 +241,14 @@ def run(model: Any, spec: Spec, *, model_name: str, check_lengths: bool = False)
     metric = parse_metric(str(spec.metric), model, tokens, corr)
     found = discover(model, tokens, metric, corrupted=corr,
                      ablation=None if corr is not None else spec.ablation,
-                     positions=positions_of(spec), method=spec.method, steps=spec.steps,
-                     ig=spec.ig, qk_fix=spec.qk_fix, verify=spec.verify, select=spec.select,
+                     positions=positions_of(spec), method=spec.method, select=spec.select,
                      n_edges=spec.edges, target=spec.target,
                      curve_ablations=check_choices(spec), seed=spec.discovery_seed,
                      neurons=parse_neurons(None if spec.neurons is None
                                            else list(spec.neurons)),
-                     convention=spec.convention,
                      memory_budget=None if spec.memory_budget is None
                      else parse_size(spec.memory_budget),
-                     max_exact=spec.max_exact)
+                     max_exact=spec.max_exact, **spec.method_options)
     found.meta["model"] = model_name
     return found
 
@@ -261,7 +302,7 @@ def merge(table: dict[str, Any], done: list, missing: list[str], folder: Path) -
     from mechsink.io import atomic_write_text
     from mechsink.jobs.files import MERGED_SCHEMA, json_text
 
-    spec = Spec(**table)
+    spec = from_settings(Spec, table)
     paths: list[Path] = []
     index = []
     for s, r in done:

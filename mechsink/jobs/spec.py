@@ -51,7 +51,11 @@ def required(spec: type) -> set[str]:
 
 
 def from_settings(spec: type, settings: dict[str, Any]) -> Any:
-    """A spec from a sweep's settings (extra keys, such as a shard's pairs, left out)."""
+    """A spec from a sweep's settings (extra keys, such as a shard's pairs, left out); a spec
+    class with a ``from_settings`` classmethod of its own gathers them itself."""
+    own = getattr(spec, "from_settings", None)
+    if own is not None:
+        return own(settings)
     names = {f.name for f in dataclasses.fields(spec)}
     return spec(**{k: v for k, v in settings.items() if k in names})
 
