@@ -457,6 +457,27 @@ def test_layer_stack_indexes_like_the_stacked_weights_without_copying(model_name
         LayerStack([torch.zeros(2), torch.zeros(3)])
 
 
+@pytest.mark.parametrize("model_name", MODELS)
+def test_head_output_layers_are_the_stacked_w_o_without_copying(model_name, request):
+    """The census reads W_O one layer at a time from the blocks' own tensors (the stacked
+    ``model.W_O`` is a copy: 1 GiB on Llama-3-8B's shapes in bfloat16); head norms agree."""
+    from mechsink.measure.layer_stack import LayerStack, head_output_layers
+    from mechsink.model.weights import head_output_weights
+
+    model = request.getfixturevalue(model_name)
+    full = head_output_weights(model)
+    lazy = head_output_layers(model)
+    assert isinstance(lazy, LayerStack) and lazy.shape == full.shape
+    hf_ptrs = {p.untyped_storage().data_ptr() for p in model.original_model.parameters()}
+    assert all(t.untyped_storage().data_ptr() in hf_ptrs for t in lazy._layers)  # views
+    for layer in range(full.shape[0]):
+        assert torch.equal(lazy[layer], full[layer])
+    tokens = torch.randint(0, int(model.cfg.d_vocab), (2, 6), generator=torch.Generator()
+                           .manual_seed(0))
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("attn.hook_z"))
+    assert torch.equal(head_output_norms(cache, lazy).norms, head_output_norms(cache, full).norms)
+
+
 def test_next_token_loss_in_row_chunks_equals_one_cross_entropy():
     """The loss is computed a few sequences at a time (memory); every sequence's value must be
     what one cross-entropy over the whole batch gives, for a batch that is not a multiple."""

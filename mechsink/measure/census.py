@@ -39,7 +39,7 @@ from mechsink.measure.cache import CacheLike, hook_names, rounded
 from mechsink.measure.checks import check_batch_size
 from mechsink.measure.forward import Forward, Measurement, first_chunk, measure_forward
 from mechsink.measure.keys import scored_qk_hooks
-from mechsink.measure.layer_stack import down_projection_layers
+from mechsink.measure.layer_stack import down_projection_layers, head_output_layers
 from mechsink.measure.registry import (
     CENSUS_MEASUREMENTS,
     CensusContext,
@@ -304,7 +304,9 @@ def census_context(model: Any, eps: float = sinks.DEFAULT_EPS) -> CensusContext:
     if w_out is None:
         why += " (super neurons need one MLP down projection per layer; a mixture-of-experts " \
                "MLP has one per expert)"
-    return CensusContext(w_out, head_output_weights(model), eps, no_w_out=why,
+    w_o = head_output_layers(model)  # the blocks' own tensors, else stacked
+    return CensusContext(w_out, head_output_weights(model) if w_o is None else w_o, eps,
+                         no_w_out=why,
                          post_norms=post_mlp_norms(model), b_out=down_projection_bias(model),
                          moe=moe_experts(model), qk_hooks=scored_qk_hooks(model))
 
