@@ -156,7 +156,7 @@ def test_a_small_memory_budget_chunks_the_steps_not_the_result(llama_tiny):
     """One copy per forward (a tiny budget) gives the scores of all steps stacked at once."""
     wide = GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR)
     narrow = GraphRun(llama_tiny, CLEAN, LogitDiff(11, 12), corrupted=CORR)
-    narrow.memory_budget = 1  # set up within the default budget, then chunked to one copy
+    narrow.chunk_budget = 1  # set up within the default budget, then chunked to one copy
     assert narrow.copies_per_forward(injects=False) == 1 < wide.copies_per_forward(
         injects=False)
     a = eap_ig(wide, steps=4, ig="activations", qk_fix=False, verify=0).values

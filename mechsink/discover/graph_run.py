@@ -100,7 +100,8 @@ class GraphRun:
     - ``graph`` (:class:`~mechsink.discover.graph.Graph`), ``metric`` (bound to the clean run),
       ``clean_value``, ``corrupted_value`` (None under an ablation), ``ablation``,
       ``positions`` (a bool mask over positions), ``batch``, ``seq_len``, ``model``,
-      ``memory_budget``;
+      ``memory_budget`` (and ``chunk_budget``: what it leaves beside the run's own tensors, for
+      a method's chunks);
     - ``clean``: the clean :class:`~mechsink.patching.engine.Run` (``clean.acts`` holds each
       graph layer's ``hook_resid_pre`` and ``hook_pattern``);
     - ``delta`` ``[batch, pos, sender, d_model]``: each sender's corrupted minus clean write
@@ -154,8 +155,11 @@ class GraphRun:
             neurons = super_neuron_nodes(model, tokens, metric_point(model, first_metric))
         self.graph = Graph.build(model, first_metric, neurons)
         self.post_norm = act_name("ln1_post.hook_scale", 0) in hook_names(model)
-        check_fits(model, batch, seq_len, len(self.graph.senders), self.memory_budget,
-                   post_norm=self.post_norm)  # before any forward
+        held = check_fits(model, batch, seq_len, len(self.graph.senders), self.memory_budget,
+                          post_norm=self.post_norm)  # before any forward
+        #: bytes the chunks (stacked copies, the QK fix's patterns) may hold: what the budget
+        #: leaves beside the tensors the run holds throughout
+        self.chunk_budget: int = max(1, self.memory_budget - held)
         g = self.graph
         w_out = down_projection(model) if g.neurons else None
         #: layer -> the neuron senders' rows of W_out, ``[neuron, d_model]``
@@ -394,7 +398,7 @@ class GraphRun:
         first = engine.reused_prefix(self.clean, self.first_position)
         per = batch_size or plan.copies_per_batch(
             self.model, self.batch, self.seq_len, first, plan.logit_positions(self.needs),
-            memory_budget=self.memory_budget)
+            memory_budget=self.chunk_budget)
         # the staircase: a batch holds edges of several receiver layers, each copy joining
         # the forward at its receiver's block (without it: one receiver layer per batch)
         batches: list[list[int]] = []
@@ -501,7 +505,7 @@ class GraphRun:
         difference and the injected inputs, ``[batch, pos, sender, d_model]`` each, besides
         its activations; ``injects=False``: a run without injections, its activations
         only)."""
-        budget = self.memory_budget
+        budget = self.chunk_budget
         held = 4 * self.delta.numel() * self.delta.element_size() if injects else 0
         per = held + plan.bytes_per_copy(self.model, self.batch, self.seq_len, 0, -1)
         return max(1, min(32, budget // max(1, per)))

@@ -7,7 +7,9 @@ A :class:`~mechsink.discover.graph_run.GraphRun` keeps, for every token, every s
 they are built from, and, while it is set up, the corrupted run's; a gradient method adds one
 gradient per receiver input. None of these can be split into chunks without running the model
 once per chunk, so a run that would not fit is refused in one line naming the size and what to
-lower. (The rest, stacked copies and the QK fix's patterns, is chunked within the budget.)
+lower. (The rest, stacked copies and the QK fix's patterns, is chunked within what the budget
+leaves beside them: on Llama-3-8B's shapes in bfloat16 the chunks took a budget of their own
+on top of these tensors, and edge discovery held twice its budget.)
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ def held_bytes(model: Any, batch: int, seq_len: int, n_senders: int, *,
 
 
 def check_fits(model: Any, batch: int, seq_len: int, n_senders: int, budget: int, *,
-               post_norm: bool = False) -> None:
-    """Refuse, before any forward, a graph run whose unchunkable tensors exceed ``budget``."""
+               post_norm: bool = False) -> int:
+    """Refuse, before any forward, a graph run whose unchunkable tensors exceed ``budget``;
+    returns their bytes (:func:`held_bytes`)."""
     total, one = held_bytes(model, batch, seq_len, n_senders, post_norm=post_norm)
     if total <= budget:
-        return
+        return total
     raise BadInputError(
         f"edge discovery on {batch} prompts x {seq_len} tokens would hold about "
         f"{format_size(total)} (each sender's write for every token: {n_senders} senders x "

@@ -161,9 +161,9 @@ def _pattern_scores(run: GraphRun, layer: int, kind: str, n_s: int, base: Tensor
     # (the difference and the product's operand)
     per_copy = plan.bytes_per_copy(run.model, b, run.seq_len, 0, 0) + 2 * base.numel() * 8
     per = max(1, min(plan.copies_per_batch(run.model, b, run.seq_len, 0, 0,
-                                           memory_budget=run.memory_budget,
+                                           memory_budget=run.chunk_budget,
                                            tokens_per_batch=TOKENS_PER_RUN),
-                     run.memory_budget // per_copy))
+                     run.chunk_budget // per_copy))
     grad64, base_w = grad.double(), wide(base)
     out = []
     for lo in range(0, n_s, per):
