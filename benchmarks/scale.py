@@ -16,7 +16,8 @@ with ``dtype="bfloat16"``, and runs the steps a researcher runs first:
 - ``dose``: one dose-response (12 doses, 8 prompts of 32 tokens) of layer 1's four largest
   neurons at position 0.
 
-For each step: wall time, peak resident memory (the kernel's high-water mark ``VmHWM``, reset
+For each step: the memory budget derived just before it (what its planners read), wall
+time, peak resident memory (the kernel's high-water mark ``VmHWM``, reset
 before the step by writing 5 to ``/proc/self/clear_refs``, so each peak is the step's own), the
 weights' own size and the overhead (peak minus weights). The process raises its own OOM score
 first, so that a machine running out of memory kills this benchmark, not a neighbour. Linux
@@ -61,14 +62,18 @@ def llama3_8b_config(layers: int = 32) -> Any:
 
 def measured(name: str, fn: Callable[[], Any], weights: int, rows: list[dict]) -> Any:
     """Run one step; record its time and its own peak RSS; print the row at once."""
+    from mechsink.model.memory import derived_budget
+
     gc.collect()
+    budget = derived_budget("cpu")  # what the step's planners read (freed heap handed back)
     before = status("VmRSS")
     reset_peak()
     t = time.perf_counter()
     out = fn()
     seconds = time.perf_counter() - t
     peak = status("VmHWM")
-    row = {"step": name, "seconds": seconds, "rss_before": before, "peak_rss": peak,
+    row = {"step": name, "seconds": seconds, "rss_before": before, "budget": budget,
+           "peak_rss": peak,
            "weights": weights, "overhead": peak - weights}
     rows.append(row)
     print(fmt(row), flush=True)
@@ -78,7 +83,8 @@ def measured(name: str, fn: Callable[[], Any], weights: int, rows: list[dict]) -
 def fmt(row: dict) -> str:
     return (f"{row['step']:<8} {row['seconds']:>9.1f} s  peak {row['peak_rss'] / GiB:6.2f} GiB"
             f"  weights {row['weights'] / GiB:6.2f} GiB  overhead {row['overhead'] / GiB:+6.2f} "
-            f"GiB  (RSS before {row['rss_before'] / GiB:5.2f} GiB)")
+            f"GiB  (RSS before {row['rss_before'] / GiB:5.2f} GiB, budget "
+            f"{row['budget'] / GiB:4.2f} GiB)")
 
 
 def main() -> None:
