@@ -107,15 +107,30 @@ def _head_outputs(model: Any, caps: Capabilities) -> str | None:
 
 
 def _output_weights(model: Any, caps: Capabilities) -> str | None:
-    try:
-        w_o = head_output_weights(model)
-    except BadInputError:
-        w_o = None
-    if w_o is not None and w_o.ndim == 4 and w_o.shape[0] == int(model.cfg.n_layers):
+    if _output_weight_shapes(model) is not None:
         return None
     return ("it exposes no per-head attention output weights (attn.W_O in every layer), which "
             "head norms and head writes need; it would work with an adapter that maps its "
             "output projection to W_O [head, d_head, d_model]")
+
+
+def _output_weight_shapes(model: Any) -> tuple[int, ...] | None:
+    """The ``[layer, head, d_head, d_model]`` shape of the per-head output weights, read off
+    each block's own ``attn.W_O`` (the stacked ``model.W_O`` is a copy: 1 GiB on Llama-3-8B's
+    shapes in bfloat16, built only where the blocks do not say); None when there are none."""
+    n_layers = int(model.cfg.n_layers)
+    try:
+        shapes = {tuple(block.attn.W_O.shape) for block in model.blocks}
+        count = len(model.blocks)
+    except (AttributeError, RuntimeError, TypeError):
+        try:
+            stacked = head_output_weights(model)
+        except BadInputError:
+            return None
+        shapes, count = {tuple(stacked.shape[1:])}, int(stacked.shape[0])
+    if count != n_layers or len(shapes) != 1 or len(next(iter(shapes))) != 3:
+        return None
+    return (n_layers, *next(iter(shapes)))
 
 
 def _additive_residual(model: Any, caps: Capabilities) -> str | None:
