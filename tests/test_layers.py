@@ -35,7 +35,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("names",),
     ("model",),
     ("io", "progress"),
-    ("errors",),
+    ("errors", "lazy"),
 )
 
 #: imports that run back up, known and to be removed: (importing module, imported room) -> why.

@@ -12,8 +12,7 @@ The names below import on first use, so reading the method registry (as the comm
 at start-up) does not pull in torch.
 """
 
-from importlib import import_module
-from typing import Any
+from mechsink.lazy import lazy_names
 
 # name -> the module that defines it
 _LAZY = {
@@ -34,20 +33,7 @@ _LAZY = {
     **dict.fromkeys(("Receiver", "Sender"), "mechsink.patching.nodes"),
 }
 
-
-def __getattr__(name: str) -> Any:
-    """The names above on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mechsink.discover' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 __all__ = [
     "METHODS", "Circuit", "Curve", "Discovery", "EdgeScores", "Graph", "GraphRun",

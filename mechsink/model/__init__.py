@@ -29,8 +29,7 @@
 Everything outside this package reaches a model through the names exported here.
 """
 
-from importlib import import_module
-from typing import Any
+from mechsink.lazy import lazy_names
 
 # name -> the module that defines it; imported on first use, so `import mechsink.model.zoo`
 # (e.g. for `mechsink models`) does not pull in torch and TransformerLens
@@ -87,28 +86,11 @@ _LAZY = {
     "wrap": "mechsink.model.adapter",
     "wrap_hf": "mechsink.model.adapter",
     "write_in_place": "mechsink.model.hooks",
+    # TransformerLens's own (it takes seconds to import): ``mechsink.model.TransformerBridge``
+    "TransformerBridge": "transformer_lens.model_bridge",
 }
 
-
-
-def __getattr__(name: str) -> Any:
-    """The names above on first use, and TransformerLens's ``TransformerBridge`` (it takes
-    seconds to import): ``mechsink.model.TransformerBridge``."""
-    if name == "TransformerBridge":
-        from transformer_lens.model_bridge import TransformerBridge
-
-        return TransformerBridge
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mechsink.model' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value  # later lookups are plain attribute reads
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, "TransformerBridge"})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 __all__ = [
     "Capabilities", "PrefixKV", "TransformerBridge", "act_name", "architecture_summary",

@@ -17,8 +17,7 @@
   (:mod:`~mechsink.model.zoo.organisms`).
 """
 
-from importlib import import_module
-from typing import Any
+from mechsink.lazy import lazy_names
 
 # name -> the module that defines it, imported on first use (`mechsink models` needs only
 # the listing, not torch or transformers)
@@ -53,19 +52,7 @@ _LAZY = {
     "write_random_hf_folder": "mechsink.model.zoo.random_folder",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mechsink.model.zoo' has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
-
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
 
 __all__ = [
     "FAMILIES", "GGUF", "GPT2_EOT", "NAMED_MODELS", "PATTERN_HELP", "TOKENIZER_FILES", "ZooEntry",
