@@ -140,17 +140,10 @@ def check_choices(spec: Spec) -> list[str]:
 def check_method_options(spec: Spec) -> None:
     """Each of ``spec.method_options`` as the registry declares it (type, choices, minimum):
     a :class:`~mechsink.jobs.spec.SettingError` naming the option."""
-    from mechsink.discover.methods import METHODS, find_option
+    from mechsink.discover.methods import check_options
 
     for key, value in spec.method_options.items():
-        option = find_option(spec.method, key)
-        if option is None:
-            takes = ", ".join(cli_name(k) for k in METHODS[spec.method].options)
-            raise SettingError(f"{cli_name(key)} is no option of a discovery method (method "
-                               f"{spec.method!r} takes {takes or 'none'}).", key)
-        problem = option.problem(value)
-        if problem:
-            raise SettingError(f"{cli_name(key)} {problem}.", key)
+        at(key, check_options, spec.method, {key: value}, cli_name)
 
 
 def positions_of(spec: Spec) -> list[int] | None:

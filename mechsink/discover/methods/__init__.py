@@ -238,21 +238,24 @@ def get(name: str) -> Method:
     return METHODS[name]
 
 
-def check_options(method: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def check_options(method: str, options: Mapping[str, Any],
+                  spell: Callable[[str], str] = str) -> dict[str, Any]:
     """Method ``method``'s options, checked against the declarations: every one it takes, the
     given value or the declared default. A name no registered method declares is refused
     (naming the options ``method`` takes), as is a value of the wrong type or outside its
     choices; an option another method declares is checked and left out, so one set of options
-    (the command line's, a sweep's) serves every method."""
+    (the command line's, a sweep's) serves every method. ``spell``: how a message writes an
+    option's name (``--steps`` on the command line)."""
     m = get(method)
     for name, value in options.items():
         option = find_option(method, name)
         if option is None:
             raise BadInputError(f"method {method!r} takes "
-                                f"{', '.join(m.options) or 'no options'}, not {name}.")
+                                f"{', '.join(map(spell, m.options)) or 'no options'}, not "
+                                f"{spell(name)}.")
         problem = option.problem(value)
         if problem:
-            raise BadInputError(f"{name} {problem}.")
+            raise BadInputError(f"{spell(name)} {problem}.")
     return {o.name: options.get(o.name, o.default) for o in m.declared}
 
 

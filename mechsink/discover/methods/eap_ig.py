@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from mechsink.discover.methods import EDGES, QK_FIX, VERIFY, Option, register
 from mechsink.errors import BadInputError
+from mechsink.lazy import lazy_names
 
 if TYPE_CHECKING:
     from mechsink.discover.graph_run import GraphRun
@@ -134,10 +135,6 @@ def _check(steps: Any, ig: Any, edges: Sequence[int] | None, convention: Any) ->
                             f"ig='inputs' or 'activations'), got {convention!r} with ig={ig!r}.")
 
 
-def __getattr__(name: str) -> Any:
-    """The steps' public helpers (:data:`_STEP_HELPERS`) on first use: they import torch."""
-    if name in _STEP_HELPERS:
-        from mechsink.discover import integrated_gradients
-
-        return getattr(integrated_gradients, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the steps' public helpers, readable here on first use (they import torch)
+__getattr__, __dir__ = lazy_names(
+    __name__, dict.fromkeys(_STEP_HELPERS, "mechsink.discover.integrated_gradients"), globals())
